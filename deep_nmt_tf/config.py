@@ -1,0 +1,484 @@
+"""Typed configuration: one dataclass tree, loaded from YAML, validated before any work starts.
+
+A config file is a YAML mapping with the sections ``model``, ``data``, ``training`` and
+``decoding`` (each optional; defaults below).  A file may start from another one with
+``base: other.yaml`` (path relative to the including file); its own keys then override the base.
+
+Every key is declared once, with its default and a one-line description (``help``).  Unknown
+keys, wrong types and impossible values raise :class:`ConfigError` naming the file, the line and
+the dotted key, e.g.::
+
+    configs/demo.yaml:12: model.num_heads: 6 does not divide model.d_model=256
+
+Command-line overrides use the same dotted keys: ``--override=training.learning_rate=1e-3``;
+the value is parsed as YAML (``true``, ``1e-3``, ``[1, 2]`` ...).
+
+Example:
+    >>> from deep_nmt_tf.config import load_config
+    >>> cfg = load_config("configs/demo.yaml", overrides=["training.train_steps=10"])
+    >>> cfg.model.d_model
+    128
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "Config",
+    "ModelConfig",
+    "DataConfig",
+    "TrainingConfig",
+    "DecodingConfig",
+    "TransparentAttentionConfig",
+    "DLCLConfig",
+    "LexicalShortcutsConfig",
+    "load_config",
+    "config_from_dict",
+    "config_to_dict",
+    "save_config",
+    "describe_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid.  The message names file, line and key."""
+
+
+def _field(default, help: str, choices: Optional[Iterable[Any]] = None, min: Optional[float] = None,
+           max: Optional[float] = None, min_exclusive: bool = False):
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
+            "min": min, "max": max, "min_exclusive": min_exclusive}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    if dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=type(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TransparentAttentionConfig:
+    """Transparent attention (Bapna et al. 2018): decoder attends softmax-mixed encoder layers."""
+    enabled: bool = _field(False, "Attend a learned softmax mix of all encoder layer outputs.")
+    weight_dropout: float = _field(0.1, "Dropout on the (N+1)xM mix logits before the softmax.",
+                                   min=0.0, max=1.0)
+    min_probability: float = _field(0.0, "Optional floor on each source's mix probability.",
+                                    min=0.0, max=1.0)
+
+
+@dataclasses.dataclass
+class DLCLConfig:
+    """Dynamic linear combination of layers (Wang et al. 2019)."""
+    encoder: bool = _field(False, "Use DLCL in the encoder stack.")
+    decoder: bool = _field(False, "Use DLCL in the decoder stack.")
+    weights: str = _field("learnable", "Combination weights: learned, fixed all-one or fixed average.",
+                          choices=("learnable", "one", "avg"))
+    init: str = _field("avg", "Initialisation of learnable weights: 1/(l+1) ('avg') or 1 ('one').",
+                       choices=("avg", "one"))
+    layer_norm: bool = _field(True, "Apply the layer norms of Eq. 8/9 (off: Table 6 ablation).")
+    normalize_embedding: bool = _field(False, "Pre-norm only: also LayerNorm y_0 when stored.")
+    window: int = _field(0, "Combine only the last k outputs (0: all).", min=0)
+    softmax: bool = _field(False, "Softmax-normalise each row of the weight matrix.")
+
+
+@dataclasses.dataclass
+class LexicalShortcutsConfig:
+    """Lexical shortcuts (Emelin et al. 2019)."""
+    enabled: bool = _field(False, "Gate embedding shortcuts into attention keys and values.")
+    variant: str = _field("shortcuts", "'shortcuts' (Eq. 5-12) or 'feature_fusion' (Eq. 13-14).",
+                          choices=("shortcuts", "feature_fusion"))
+    placement: str = _field("self", "Which attentions get shortcuts (their Table 4).",
+                            choices=("self", "cross", "both"))
+    source: str = _field("lexical", "'lexical': embeddings; 'non_lexical': layer n-2's output.",
+                         choices=("lexical", "non_lexical"))
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    architecture: str = _field("transformer", "Model family.",
+                               choices=("transformer",))
+    vocab_size: int = _field(0, "Vocabulary size; 0 = read from the vocabulary file.", min=0)
+    d_model: int = _field(512, "Model (embedding) dimension.", min=1)
+    num_heads: int = _field(8, "Attention heads; must divide d_model.", min=1)
+    ffn_dim: int = _field(2048, "Inner dimension of the feed-forward sub-layers.", min=1)
+    encoder_layers: int = _field(6, "Number of encoder layers.", min=1)
+    decoder_layers: int = _field(6, "Number of decoder layers.", min=1)
+    norm: str = _field("post", "Residual layout: 'post' (LN after the residual) or 'pre'.",
+                       choices=("pre", "post"))
+    layer_norm_epsilon: float = _field(1e-6, "LayerNorm epsilon.", min=0.0, min_exclusive=True)
+    input_dropout: float = _field(0.1, "Dropout on embeddings + positions (T2T input dropout).",
+                                  min=0.0, max=1.0)
+    residual_dropout: float = _field(0.1, "Dropout on each sub-layer output before the residual.",
+                                     min=0.0, max=1.0)
+    relu_dropout: float = _field(0.0, "Dropout inside the feed-forward sub-layer.", min=0.0, max=1.0)
+    attention_dropout: float = _field(0.0, "Dropout on attention probabilities.", min=0.0, max=1.0)
+    tie_source_target_embeddings: bool = _field(True, "Share the source and target embedding matrix.")
+    tie_softmax_embeddings: bool = _field(True, "Use the target embedding matrix as the softmax.")
+    transparent_attention: TransparentAttentionConfig = _field(TransparentAttentionConfig(),
+                                                               "Transparent attention options.")
+    dlcl: DLCLConfig = _field(DLCLConfig(), "DLCL options.")
+    lexical_shortcuts: LexicalShortcutsConfig = _field(LexicalShortcutsConfig(),
+                                                       "Lexical shortcut options.")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    corpus: str = _field("files", "'files': the paths below; 'synthetic': the built-in corpus "
+                         "(written under MODEL_DIR/data).", choices=("files", "synthetic"))
+    synthetic_train_size: int = _field(20000, "Synthetic corpus: training pairs.", min=1)
+    synthetic_dev_size: int = _field(500, "Synthetic corpus: dev pairs.", min=1)
+    synthetic_test_size: int = _field(500, "Synthetic corpus: test pairs.", min=1)
+    synthetic_seed: int = _field(1234, "Synthetic corpus: generator seed.")
+    train_source: str = _field("", "Training source text, one sentence per line.")
+    train_target: str = _field("", "Training target text, aligned with train_source.")
+    dev_source: str = _field("", "Dev source (validation loss and BLEU); optional.")
+    dev_target: str = _field("", "Dev target reference.")
+    test_source: str = _field("", "Test source (tools/evaluate.py default); optional.")
+    test_target: str = _field("", "Test target reference.")
+    vocab: str = _field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
+                        "(learned from the training data if missing).")
+    vocab_size: int = _field(8000, "Target size when learning the vocabulary.", min=16)
+    lowercase: bool = _field(False, "Lower-case text before tokenisation.")
+    max_source_length: int = _field(128, "Drop training pairs with longer source (tokens).", min=1)
+    max_target_length: int = _field(128, "Drop training pairs with longer target (tokens).", min=1)
+    shuffle_buffer: int = _field(100000, "Examples in the shuffle buffer.", min=1)
+    num_buckets: int = _field(16, "Length buckets for token-based batching.", min=1)
+    max_dev_sentences: int = _field(0, "Use at most this many dev pairs (0 = all).", min=0)
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    train_steps: int = _field(100000, "Number of optimizer updates.", min=1)
+    batch_tokens: int = _field(4096, "Approximate source+target tokens per global batch.", min=1)
+    gradient_accumulation_steps: int = _field(1, "Micro-batches accumulated per update.", min=1)
+    learning_rate: float = _field(2.0, "Peak learning rate; for 'transformer' the constant r0.",
+                                  min=0.0, min_exclusive=True)
+    schedule: str = _field("transformer", "Learning-rate schedule.",
+                           choices=("transformer", "inverse_sqrt", "constant"))
+    warmup_steps: int = _field(4000, "Warm-up steps of the schedule.", min=0)
+    warmup_init_lr: float = _field(1e-7, "inverse_sqrt: learning rate at step 0.", min=0.0)
+    adam_beta1: float = _field(0.9, "Adam beta1.", min=0.0, max=1.0)
+    adam_beta2: float = _field(0.98, "Adam beta2.", min=0.0, max=1.0)
+    adam_epsilon: float = _field(1e-9, "Adam epsilon.", min=0.0, min_exclusive=True)
+    weight_decay: float = _field(0.0, "L2 weight decay added to the loss (0 = off).", min=0.0)
+    label_smoothing: float = _field(0.1, "Label smoothing epsilon.", min=0.0, max=1.0)
+    loss_normalization: str = _field("token", "Normalise the loss per target token or per sentence.",
+                                     choices=("token", "sentence"))
+    clip_norm: float = _field(0.0, "Clip gradients to this global norm (0 = off).", min=0.0)
+    seed: int = _field(42, "Seed for initialisation, dropout and data order.")
+    log_every: int = _field(100, "Steps between console/TensorBoard logs.", min=1)
+    checkpoint_every: int = _field(1000, "Steps between checkpoints.", min=1)
+    keep_checkpoints: int = _field(5, "Checkpoints to keep.", min=1)
+    eval_every: int = _field(5000, "Steps between dev evaluations (0 = never).", min=0)
+    eval_bleu: bool = _field(True, "Compute dev BLEU (greedy decoding) at each evaluation.")
+    grad_norm_ratio_every: int = _field(0, "Steps between grad-norm-ratio diagnostics (0 = off).",
+                                        min=0)
+    jit_compile: bool = _field(False, "Compile the training step with XLA.")
+
+
+@dataclasses.dataclass
+class DecodingConfig:
+    beam_size: int = _field(4, "Beam size (1 = greedy).", min=1)
+    length_penalty: float = _field(0.6, "GNMT length penalty alpha: ((5+len)/6)^alpha.", min=0.0)
+    max_length_a: float = _field(1.5, "Max output length = a * source_length + b.", min=0.0)
+    max_length_b: int = _field(10, "Max output length = a * source_length + b.", min=1)
+    n_best: int = _field(1, "Hypotheses returned per source.", min=1)
+    batch_size: int = _field(32, "Sentences per decoding batch.", min=1)
+    max_input_length: int = _field(256, "Longer inputs are truncated (tokens) when serving.", min=1)
+
+
+@dataclasses.dataclass
+class Config:
+    model: ModelConfig = _field(ModelConfig(), "Model architecture.")
+    data: DataConfig = _field(DataConfig(), "Data and vocabulary.")
+    training: TrainingConfig = _field(TrainingConfig(), "Optimisation and training loop.")
+    decoding: DecodingConfig = _field(DecodingConfig(), "Search.")
+
+    # Where the config came from (not a key).
+    source: str = dataclasses.field(default="<defaults>", compare=False, repr=False,
+                                    metadata={"internal": True})
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+class _Locator:
+    """Maps dotted keys to 'file:line' for error messages."""
+
+    def __init__(self):
+        self._where: Dict[str, str] = {}
+
+    def add_file(self, path: str, text: str):
+        try:
+            node = yaml.compose(text)
+        except yaml.YAMLError:
+            return
+        self._walk(node, "", path)
+
+    def _walk(self, node, prefix, path):
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = f"{prefix}{key_node.value}"
+                self._where[key] = f"{path}:{key_node.start_mark.line + 1}"
+                self._walk(value_node, key + ".", path)
+
+    def set(self, key: str, where: str):
+        self._where[key] = where
+
+    def where(self, key: str, default: str) -> str:
+        return self._where.get(key, default)
+
+
+def _read_yaml(path: str, locator: _Locator, seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    apath = os.path.abspath(path)
+    if apath in seen:
+        raise ConfigError(f"{path}: 'base' includes form a cycle: {' -> '.join(seen + (apath,))}")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: config file is not valid UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: the top level must be a mapping of sections, "
+                          f"got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        locator.add_file(path, text)
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base: must be a path to another config file")
+    base_path = os.path.join(os.path.dirname(path), base)
+    merged = _read_yaml(base_path, locator, seen + (apath,))
+    locator.add_file(path, text)
+    return _deep_merge(merged, data)
+
+
+def _deep_merge(base: Dict[str, Any], update: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value, tp, key: str, where: str):
+    """Checks/coerces a YAML scalar to the declared field type."""
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string.
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where}: {key}: expected {_type_name(tp)}, got {value!r} "
+                      f"({type(value).__name__})")
+
+
+def _build(cls, data: Dict[str, Any], prefix: str, locator: _Locator, default_where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{locator.where(prefix.rstrip('.'), default_where)}: {prefix.rstrip('.')}: "
+                          f"expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    for key in data:
+        if key not in fields:
+            full = f"{prefix}{key}"
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{locator.where(full, default_where)}: {full}: unknown key "
+                              f"(known keys here: {known})")
+    kwargs = {}
+    for name, f in fields.items():
+        full = f"{prefix}{name}"
+        where = locator.where(full, default_where)
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, data.get(name, {}) or {}, full + ".", locator, default_where)
+            continue
+        if name not in data:
+            continue
+        value = _coerce(data[name], tp, full, where)
+        meta = f.metadata
+        if meta.get("choices") is not None and value not in meta["choices"]:
+            raise ConfigError(f"{where}: {full}: {value!r} is not one of "
+                              f"{', '.join(map(str, meta['choices']))}")
+        lo, hi = meta.get("min"), meta.get("max")
+        if lo is not None and (value < lo or (meta.get("min_exclusive") and value == lo)):
+            op = ">" if meta.get("min_exclusive") else ">="
+            raise ConfigError(f"{where}: {full}: {value!r} is out of range (must be {op} {lo})")
+        if hi is not None and value > hi:
+            raise ConfigError(f"{where}: {full}: {value!r} is out of range (must be <= {hi})")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _validate(cfg: Config, locator: _Locator, default_where: str):
+    """Cross-field checks."""
+
+    def fail(key, msg):
+        raise ConfigError(f"{locator.where(key, default_where)}: {key}: {msg}")
+
+    m = cfg.model
+    if m.d_model % m.num_heads:
+        fail("model.num_heads", f"{m.num_heads} does not divide model.d_model={m.d_model}")
+    if m.tie_softmax_embeddings is False and m.tie_source_target_embeddings is None:
+        pass
+    d = cfg.data
+    if d.corpus == "files":
+        if not d.train_source or not d.train_target:
+            key = "data.train_source" if not d.train_source else "data.train_target"
+            fail(key, "required when data.corpus is 'files' (or set data.corpus: synthetic)")
+        if bool(d.dev_source) != bool(d.dev_target):
+            fail("data.dev_source", "dev_source and dev_target must be given together")
+        if bool(d.test_source) != bool(d.test_target):
+            fail("data.test_source", "test_source and test_target must be given together")
+    t = cfg.training
+    if t.schedule in ("transformer",) and t.warmup_steps < 1:
+        fail("training.warmup_steps", "the transformer schedule needs warmup_steps >= 1")
+    if cfg.decoding.n_best > cfg.decoding.beam_size:
+        fail("decoding.n_best", f"{cfg.decoding.n_best} exceeds decoding.beam_size="
+             f"{cfg.decoding.beam_size}")
+
+
+def _apply_override(data: Dict[str, Any], override: str, locator: _Locator):
+    if "=" not in override:
+        raise ConfigError(f"--override {override!r}: expected KEY=VALUE, e.g. training.train_steps=100")
+    key, raw = override.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"--override {override!r}: malformed key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    for p in parts[:-1]:
+        child = node.get(p)
+        if child is None:
+            child = node[p] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--override {key}: {p} is not a section")
+        node = child
+    node[parts[-1]] = value
+    locator.set(key, f"--override {key}")
+
+
+def config_from_dict(data: Dict[str, Any], source: str = "<dict>",
+                     overrides: Iterable[str] = ()) -> Config:
+    """Builds and validates a :class:`Config` from a nested dict (as YAML would give)."""
+    locator = _Locator()
+    data = _deep_merge({}, data or {})
+    for ov in overrides:
+        _apply_override(data, ov, locator)
+    cfg = _build(Config, data, "", locator, source)
+    _validate(cfg, locator, source)
+    cfg.source = source
+    return cfg
+
+
+def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Config:
+    """Loads, overrides and validates a config.
+
+    Args:
+      path: YAML file; None gives the defaults (which need data paths or overrides).
+      overrides: ``"section.key=value"`` strings, applied after the file.
+
+    Raises:
+      ConfigError: naming the file, line and key of the first problem found.
+    """
+    locator = _Locator()
+    data: Dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        data = _read_yaml(path, locator)
+        source = path
+    for ov in overrides:
+        _apply_override(data, ov, locator)
+    cfg = _build(Config, data, "", locator, source)
+    _validate(cfg, locator, source)
+    cfg.source = source
+    return cfg
+
+
+def config_to_dict(cfg) -> Dict[str, Any]:
+    """Nested plain dict of every key (defaults included), suitable for YAML."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("internal"):
+            continue
+        v = getattr(cfg, f.name)
+        out[f.name] = config_to_dict(v) if dataclasses.is_dataclass(v) else v
+    return out
+
+
+def save_config(cfg: Config, path: str):
+    """Writes the fully resolved config (every key) as YAML; load_config reads it back."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(f"# Resolved configuration (from {cfg.source}).\n")
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False, default_flow_style=False)
+    os.replace(tmp, path)
+
+
+def describe_config(cls=Config, prefix: str = "") -> List[Tuple[str, Any, str]]:
+    """(dotted key, default, help) for every key: the reference table in docs/CONFIG.md."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe_config(tp, f"{prefix}{f.name}."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            help_ = f.metadata.get("help", "")
+            if f.metadata.get("choices"):
+                help_ += f" One of: {', '.join(map(str, f.metadata['choices']))}."
+            rows.append((f"{prefix}{f.name}", default, help_))
+    return rows

@@ -1,0 +1,18 @@
+"""Reserved vocabulary entries shared by the data pipeline, the models and the search.
+
+The first four lines of every vocabulary file are these tokens, in this order, so their ids are
+fixed: ``<pad>`` = 0, ``<s>`` = 1 (begin of sentence), ``</s>`` = 2 (end of sentence),
+``[UNK]`` = 3.  They match the peer benchmarks' conventions (``shared/bench/peers``).
+"""
+
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+
+PAD_TOKEN = "<pad>"
+BOS_TOKEN = "<s>"
+EOS_TOKEN = "</s>"
+UNK_TOKEN = "[UNK]"
+
+RESERVED_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)

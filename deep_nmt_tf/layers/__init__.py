@@ -1,0 +1,25 @@
+"""Keras 3 layers of deep_nmt_tf (``keras.ops`` only: TensorFlow and JAX backends).
+
+Every layer is registered serializable under the package name ``deep_nmt_tf``.
+"""
+
+from deep_nmt_tf.layers.attention import (MultiHeadAttention, causal_bias, padding_bias,
+                                          step_bias)
+from deep_nmt_tf.layers.embedding import (SinusoidalPositionEncoding, TokenEmbedding,
+                                          sinusoidal_table)
+from deep_nmt_tf.layers.transformer import (FeedForward, Residual, TransformerDecoderLayer,
+                                            TransformerEncoderLayer)
+
+__all__ = [
+    "MultiHeadAttention",
+    "causal_bias",
+    "padding_bias",
+    "step_bias",
+    "SinusoidalPositionEncoding",
+    "TokenEmbedding",
+    "sinusoidal_table",
+    "FeedForward",
+    "Residual",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+]

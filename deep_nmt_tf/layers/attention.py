@@ -1,0 +1,233 @@
+"""Multi-head scaled dot-product attention with padding/causal masks and decoding caches."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+__all__ = [
+    "MultiHeadAttention",
+    "padding_bias",
+    "causal_bias",
+    "step_bias",
+    "dense",
+    "NEG_INF",
+]
+
+NEG_INF = -1e9
+
+
+def dense(x, kernel, bias=None):
+    """``x @ kernel + bias`` over the last axis, as one 2-D GEMM (fast on every backend)."""
+    shape = ops.shape(x)
+    in_dim = kernel.shape[0]
+    out = ops.matmul(ops.reshape(x, (-1, in_dim)), ops.cast(kernel, x.dtype))
+    if bias is not None:
+        out = out + ops.cast(bias, x.dtype)
+    return ops.reshape(out, tuple(shape[:-1]) + (kernel.shape[1],))
+
+
+def padding_bias(mask):
+    """Additive attention bias ``[B, 1, 1, S]`` from a boolean ``[B, S]`` mask (True = token)."""
+    mask = ops.cast(mask, "float32")
+    return ((1.0 - mask) * NEG_INF)[:, None, None, :]
+
+
+def causal_bias(length):
+    """Additive bias ``[1, 1, T, T]``: position t may attend to positions <= t."""
+    i = ops.arange(length)[:, None]
+    j = ops.arange(length)[None, :]
+    return ops.where(j > i, NEG_INF, 0.0)[None, None, :, :]
+
+
+def step_bias(step, max_length):
+    """Additive bias ``[1, 1, 1, L]`` for decoding step ``step``: cache slots > step are masked."""
+    j = ops.arange(max_length)
+    return ops.where(j > ops.cast(step, j.dtype), NEG_INF, 0.0)[None, None, None, :]
+
+
+def split_heads(x, num_heads):
+    """``[B, T, H*dh]`` -> ``[B, H, T, dh]``."""
+    b, t = ops.shape(x)[0], ops.shape(x)[1]
+    x = ops.reshape(x, (b, t, num_heads, x.shape[-1] // num_heads))
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+def merge_heads(x):
+    """``[B, H, T, dh]`` -> ``[B, T, H*dh]``."""
+    x = ops.transpose(x, (0, 2, 1, 3))
+    b, t = ops.shape(x)[0], ops.shape(x)[1]
+    return ops.reshape(x, (b, t, x.shape[2] * x.shape[3]))
+
+
+@keras.saving.register_keras_serializable(package="deep_nmt_tf")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product attention (Vaswani et al. 2017, section 3.2).
+
+    Self-attention uses one fused ``[D, 3D]`` query/key/value projection; encoder-decoder
+    attention a ``[D, D]`` query and a fused ``[D_mem, 2D]`` key/value projection.  The
+    sub-steps are public so that layers that change keys/values (lexical shortcuts) or cache
+    them (incremental decoding) reuse them:
+
+    - ``project_query(x)``, ``project_key_value(memory)``, ``project_qkv(x)`` return per-head
+      tensors ``[B, H, T, dh]`` (queries already scaled by ``dh**-0.5``);
+    - ``attend(q, k, v, bias, training)`` returns the output projection ``[B, Tq, D]``.
+
+    Args:
+      d_model: model size D (= H * dh).
+      num_heads: H.
+      dropout: dropout rate on the attention probabilities.
+      self_attention: fused q/k/v projection of one input if True; query from ``x`` and
+        keys/values from ``memory`` otherwise.
+      memory_dim: size of the memory for encoder-decoder attention (default d_model).
+      kernel_initializer, bias_initializer: projection initialisers.
+
+    Call:
+      ``layer(x, memory=None, bias=None, training=None)``: ``x`` ``[B, T, D]``; ``bias`` an
+      additive mask broadcastable to ``[B, H, T, S]`` (see ``padding_bias``/``causal_bias``).
+
+    Example:
+      >>> mha = MultiHeadAttention(16, 4)
+      >>> x = keras.random.normal((2, 5, 16))
+      >>> mha(x).shape
+      (2, 5, 16)
+    """
+
+    def __init__(self, d_model, num_heads, dropout=0.0, self_attention=True, memory_dim=None,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        if d_model % num_heads:
+            raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
+        self.d_model = int(d_model)
+        self.num_heads = int(num_heads)
+        self.head_dim = self.d_model // self.num_heads
+        self.dropout = float(dropout)
+        self.self_attention = bool(self_attention)
+        self.memory_dim = int(memory_dim or d_model)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+
+    def _w(self, name, shape, bias=False):
+        return self.add_weight(
+            name=name, shape=shape,
+            initializer=self.bias_initializer if bias else self.kernel_initializer)
+
+    def build(self, input_shape=None, memory_shape=None):
+        d = self.d_model
+        if self.self_attention:
+            self.qkv_kernel = self._w("qkv_kernel", (d, 3 * d))
+            self.qkv_bias = self._w("qkv_bias", (3 * d,), bias=True)
+        else:
+            self.q_kernel = self._w("q_kernel", (d, d))
+            self.q_bias = self._w("q_bias", (d,), bias=True)
+            self.kv_kernel = self._w("kv_kernel", (self.memory_dim, 2 * d))
+            self.kv_bias = self._w("kv_bias", (2 * d,), bias=True)
+        self.output_kernel = self._w("output_kernel", (d, d))
+        self.output_bias = self._w("output_bias", (d,), bias=True)
+        self.built = True
+
+    # -- projections ---------------------------------------------------------------------
+    def _scale(self, q):
+        return q * ops.cast(self.head_dim ** -0.5, q.dtype)
+
+    def project_qkv(self, x):
+        """Self-attention: ``[B, T, D]`` -> q, k, v each ``[B, H, T, dh]``."""
+        qkv = dense(x, self.qkv_kernel, self.qkv_bias)
+        q, k, v = ops.split(qkv, 3, axis=-1)
+        h = self.num_heads
+        return self._scale(split_heads(q, h)), split_heads(k, h), split_heads(v, h)
+
+    def project_qkv_raw(self, x):
+        """Self-attention projections before head splitting: q, k, v each ``[B, T, D]``."""
+        return ops.split(dense(x, self.qkv_kernel, self.qkv_bias), 3, axis=-1)
+
+    def project_query(self, x):
+        """Query ``[B, T, D]`` -> ``[B, H, T, dh]`` (scaled)."""
+        if self.self_attention:
+            kernel, bias = self.qkv_kernel[:, : self.d_model], self.qkv_bias[: self.d_model]
+        else:
+            kernel, bias = self.q_kernel, self.q_bias
+        return self._scale(split_heads(dense(x, kernel, bias), self.num_heads))
+
+    def project_key_value(self, memory):
+        """Keys/values of ``memory`` ``[B, S, D_mem]`` -> k, v each ``[B, H, S, dh]``."""
+        if self.self_attention:
+            kernel, bias = self.qkv_kernel[:, self.d_model:], self.qkv_bias[self.d_model:]
+        else:
+            kernel, bias = self.kv_kernel, self.kv_bias
+        k, v = ops.split(dense(memory, kernel, bias), 2, axis=-1)
+        return split_heads(k, self.num_heads), split_heads(v, self.num_heads)
+
+    def split_heads(self, x):
+        return split_heads(x, self.num_heads)
+
+    # -- attention -----------------------------------------------------------------------
+    def attention_probs(self, q, k, bias=None, training=None):
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        scores = ops.cast(scores, "float32")
+        if bias is not None:
+            scores = scores + ops.cast(bias, "float32")
+        probs = ops.cast(ops.softmax(scores, axis=-1), q.dtype)
+        return self.dropout_layer(probs, training=training)
+
+    def attend(self, q, k, v, bias=None, training=None):
+        """Per-head q ``[B,H,T,dh]``, k/v ``[B,H,S,dh]`` -> output ``[B, T, D]``."""
+        probs = self.attention_probs(q, k, bias, training)
+        context = merge_heads(ops.matmul(probs, v))
+        return dense(context, self.output_kernel, self.output_bias)
+
+    def call(self, x, memory=None, bias=None, training=None):
+        if self.self_attention:
+            q, k, v = self.project_qkv(x)
+        else:
+            if memory is None:
+                raise ValueError("encoder-decoder attention needs `memory`")
+            q = self.project_query(x)
+            k, v = self.project_key_value(memory)
+        return self.attend(q, k, v, bias, training)
+
+    # -- incremental decoding ------------------------------------------------------------
+    def init_cache(self, batch_size, max_length, dtype=None):
+        """Zero self-attention cache ``{"k", "v"}``, each ``[B, H, max_length, dh]``."""
+        shape = (batch_size, self.num_heads, max_length, self.head_dim)
+        dtype = dtype or self.compute_dtype
+        return {"k": ops.zeros(shape, dtype), "v": ops.zeros(shape, dtype)}
+
+    @staticmethod
+    def write_cache(cache, k, v, step):
+        """Writes one step's ``[B, H, 1, dh]`` keys/values at position ``step``."""
+        step = ops.cast(step, "int32")
+        zero = ops.zeros((), "int32")
+        start = (zero, zero, step, zero)
+        return {"k": ops.slice_update(cache["k"], start, ops.cast(k, cache["k"].dtype)),
+                "v": ops.slice_update(cache["v"], start, ops.cast(v, cache["v"].dtype))}
+
+    def step(self, x, cache, step, bias, training=None):
+        """One self-attention decoding step.
+
+        Args:
+          x: ``[B, 1, D]`` input at position ``step``.
+          cache: ``{"k", "v"}`` ``[B, H, L, dh]`` holding positions < step.
+          step: scalar int position.
+          bias: ``step_bias(step, L)``.
+
+        Returns:
+          (output ``[B, 1, D]``, updated cache).
+        """
+        q, k, v = self.project_qkv(x)
+        cache = self.write_cache(cache, k, v, step)
+        return self.attend(q, cache["k"], cache["v"], bias, training), cache
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "dropout": self.dropout,
+            "self_attention": self.self_attention,
+            "memory_dim": self.memory_dim,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        })
+        return config

@@ -1,0 +1,264 @@
+"""Transformer encoder and decoder layers, pre-norm or post-norm, with T2T's four dropouts."""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from deep_nmt_tf.layers.attention import MultiHeadAttention, dense
+
+__all__ = ["FeedForward", "Residual", "TransformerEncoderLayer", "TransformerDecoderLayer"]
+
+
+@keras.saving.register_keras_serializable(package="deep_nmt_tf")
+class FeedForward(keras.layers.Layer):
+    """Position-wise ``relu(x W1 + b1) W2 + b2`` with dropout on the hidden activations
+    (Tensor2Tensor's ``relu_dropout``).
+
+    Args:
+      d_model: input/output size.
+      ffn_dim: hidden size.
+      relu_dropout: dropout rate on the ReLU output.
+    """
+
+    def __init__(self, d_model, ffn_dim, relu_dropout=0.0, kernel_initializer="glorot_uniform",
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = int(d_model)
+        self.ffn_dim = int(ffn_dim)
+        self.relu_dropout = float(relu_dropout)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.dropout_layer = keras.layers.Dropout(self.relu_dropout, dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        init = self.kernel_initializer
+        self.kernel1 = self.add_weight(name="kernel1", shape=(self.d_model, self.ffn_dim),
+                                       initializer=init)
+        self.bias1 = self.add_weight(name="bias1", shape=(self.ffn_dim,), initializer="zeros")
+        self.kernel2 = self.add_weight(name="kernel2", shape=(self.ffn_dim, self.d_model),
+                                       initializer=init)
+        self.bias2 = self.add_weight(name="bias2", shape=(self.d_model,), initializer="zeros")
+        self.built = True
+
+    def call(self, x, training=None):
+        h = ops.relu(dense(x, self.kernel1, self.bias1))
+        h = self.dropout_layer(h, training=training)
+        return dense(h, self.kernel2, self.bias2)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "d_model": self.d_model,
+            "ffn_dim": self.ffn_dim,
+            "relu_dropout": self.relu_dropout,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+        })
+        return config
+
+
+@keras.saving.register_keras_serializable(package="deep_nmt_tf")
+class Residual(keras.layers.Layer):
+    """Residual connection with LayerNorm and residual dropout around a sub-layer ``f``:
+
+    - post-norm: ``LN(x + dropout(f(x)))``;
+    - pre-norm:  ``x + dropout(f(LN(x)))``.
+
+    Usage: ``y = res.outputs(x, f(res.inputs(x)), training)``.
+    """
+
+    def __init__(self, norm="post", epsilon=1e-6, residual_dropout=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.norm = norm
+        self.epsilon = float(epsilon)
+        self.residual_dropout = float(residual_dropout)
+        self.norm_layer = keras.layers.LayerNormalization(
+            epsilon=self.epsilon, dtype=self.dtype_policy, name="norm")
+        self.dropout = keras.layers.Dropout(self.residual_dropout, dtype=self.dtype_policy)
+        self.pre = norm == "pre"
+
+    def build(self, input_shape):
+        self.norm_layer.build(input_shape)
+        self.built = True
+
+    def inputs(self, x):
+        return self.norm_layer(x) if self.pre else x
+
+    def outputs(self, x, y, training=None):
+        y = x + self.dropout(y, training=training)
+        return y if self.pre else self.norm_layer(y)
+
+    def call(self, x, y, training=None):
+        return self.outputs(x, y, training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"norm": self.norm, "epsilon": self.epsilon,
+                       "residual_dropout": self.residual_dropout})
+        return config
+
+
+class _TransformerLayerBase(keras.layers.Layer):
+    def __init__(self, d_model, num_heads, ffn_dim, norm="post", residual_dropout=0.1,
+                 attention_dropout=0.0, relu_dropout=0.0, layer_norm_epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.d_model = int(d_model)
+        self.num_heads = int(num_heads)
+        self.ffn_dim = int(ffn_dim)
+        self.norm = norm
+        self.residual_dropout = float(residual_dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.relu_dropout = float(relu_dropout)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+
+    def _sublayer(self, name):
+        return Residual(self.norm, self.layer_norm_epsilon, self.residual_dropout,
+                        dtype=self.dtype_policy, name=f"{name}_residual")
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "d_model": self.d_model,
+            "num_heads": self.num_heads,
+            "ffn_dim": self.ffn_dim,
+            "norm": self.norm,
+            "residual_dropout": self.residual_dropout,
+            "attention_dropout": self.attention_dropout,
+            "relu_dropout": self.relu_dropout,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+        })
+        return config
+
+
+@keras.saving.register_keras_serializable(package="deep_nmt_tf")
+class TransformerEncoderLayer(_TransformerLayerBase):
+    """Self-attention + feed-forward, each with a residual connection and LayerNorm.
+
+    Args:
+      d_model, num_heads, ffn_dim: sizes.
+      norm: ``"post"`` (Vaswani et al.) or ``"pre"`` (Wang et al. 2019).
+      residual_dropout, attention_dropout, relu_dropout: Tensor2Tensor's dropouts.
+      layer_norm_epsilon: LayerNorm epsilon.
+
+    Call: ``layer(x, bias=None, training=None)``, ``x`` ``[B, S, D]``, ``bias`` the padding bias
+    ``[B, 1, 1, S]`` (``padding_bias``).  Returns ``[B, S, D]``.
+
+    Example:
+      >>> layer = TransformerEncoderLayer(16, 4, 32, norm="pre")
+      >>> layer(keras.random.normal((2, 5, 16))).shape
+      (2, 5, 16)
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.self_attention = MultiHeadAttention(
+            self.d_model, self.num_heads, self.attention_dropout, self_attention=True,
+            dtype=self.dtype_policy, name="self_attention")
+        self.ffn = FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
+                               dtype=self.dtype_policy, name="ffn")
+        self.attention_sublayer = self._sublayer("self_attention")
+        self.ffn_sublayer = self._sublayer("ffn")
+
+    def build(self, input_shape):
+        for sub in (self.self_attention, self.ffn, self.attention_sublayer,
+                    self.ffn_sublayer):
+            sub.build(input_shape)
+        self.built = True
+
+    def attention_block(self, x, bias=None, training=None):
+        """Self-attention sub-layer; overridden by variants that change keys/values."""
+        return self.self_attention(x, bias=bias, training=training)
+
+    def call(self, x, bias=None, training=None):
+        s = self.attention_sublayer
+        x = s.outputs(x, self.attention_block(s.inputs(x), bias, training), training)
+        s = self.ffn_sublayer
+        return s.outputs(x, self.ffn(s.inputs(x), training=training), training)
+
+
+@keras.saving.register_keras_serializable(package="deep_nmt_tf")
+class TransformerDecoderLayer(_TransformerLayerBase):
+    """Causal self-attention, encoder-decoder attention and feed-forward sub-layers.
+
+    Call (teacher forcing): ``layer(x, memory, self_bias=None, memory_bias=None, training=None)``
+    with ``x`` ``[B, T, D]``, ``memory`` ``[B, S, D_mem]``, ``self_bias`` the causal bias
+    (``causal_bias(T)``) and ``memory_bias`` the source padding bias.
+
+    Incremental decoding: ``cache = layer.init_cache(memory, max_length)`` computes the
+    memory keys/values once; ``y, cache = layer.step(x, cache, step, self_bias, memory_bias)``
+    runs one position (``x`` ``[B, 1, D]``, ``self_bias = step_bias(step, max_length)``).
+
+    Args: as :class:`TransformerEncoderLayer`, plus ``memory_dim`` (default d_model).
+    """
+
+    def __init__(self, *args, memory_dim=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.memory_dim = int(memory_dim or self.d_model)
+        self.self_attention = MultiHeadAttention(
+            self.d_model, self.num_heads, self.attention_dropout, self_attention=True,
+            dtype=self.dtype_policy, name="self_attention")
+        self.cross_attention = MultiHeadAttention(
+            self.d_model, self.num_heads, self.attention_dropout, self_attention=False,
+            memory_dim=self.memory_dim, dtype=self.dtype_policy, name="cross_attention")
+        self.ffn = FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
+                               dtype=self.dtype_policy, name="ffn")
+        self.self_sublayer = self._sublayer("self_attention")
+        self.cross_sublayer = self._sublayer("cross_attention")
+        self.ffn_sublayer = self._sublayer("ffn")
+
+    def build(self, input_shape, memory_shape=None):
+        for sub in (self.self_attention, self.cross_attention, self.ffn,
+                    self.self_sublayer, self.cross_sublayer,
+                    self.ffn_sublayer):
+            sub.build(input_shape)
+        self.built = True
+
+    def _cross_and_ffn(self, x, cross_k, cross_v, memory_bias, training):
+        s = self.cross_sublayer
+        q = self.cross_attention.project_query(s.inputs(x))
+        y = self.cross_attention.attend(q, cross_k, cross_v, memory_bias, training)
+        x = s.outputs(x, y, training)
+        s = self.ffn_sublayer
+        return s.outputs(x, self.ffn(s.inputs(x), training=training), training)
+
+    def self_attention_block(self, x, self_bias=None, training=None):
+        """Self-attention sub-layer (teacher forcing); overridden by variants."""
+        return self.self_attention(x, bias=self_bias, training=training)
+
+    def self_attention_step(self, x, cache, step, self_bias, training=None):
+        """Self-attention sub-layer for one decoding step; returns (y, new self cache)."""
+        return self.self_attention.step(x, cache, step, self_bias, training)
+
+    def call(self, x, memory, self_bias=None, memory_bias=None, training=None):
+        s = self.self_sublayer
+        x = s.outputs(x, self.self_attention_block(s.inputs(x), self_bias, training), training)
+        k, v = self.cross_attention.project_key_value(memory)
+        return self._cross_and_ffn(x, k, v, memory_bias, training)
+
+    def init_cache(self, memory, max_length):
+        """Decoding cache: zero self-attention keys/values and the memory's keys/values."""
+        batch = ops.shape(memory)[0]
+        k, v = self.cross_attention.project_key_value(memory)
+        return {"self": self.self_attention.init_cache(batch, max_length, self.compute_dtype),
+                "cross": {"k": k, "v": v}}
+
+    def step(self, x, cache, step, self_bias, memory_bias=None, training=None):
+        s = self.self_sublayer
+        y, self_cache = self.self_attention_step(s.inputs(x), cache["self"], step, self_bias,
+                                                 training)
+        x = s.outputs(x, y, training)
+        x = self._cross_and_ffn(x, cache["cross"]["k"], cache["cross"]["v"], memory_bias,
+                                training)
+        return x, {"self": self_cache, "cross": cache["cross"]}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"memory_dim": self.memory_dim})
+        return config

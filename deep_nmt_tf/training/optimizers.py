@@ -1,0 +1,162 @@
+"""Adam, L2 weight decay and gradient transforms for the custom training loop.
+
+Gradients reach the optimizer already summed across replicas and normalised by the trainer
+(:mod:`deep_nmt_tf.training.trainer`), because clipping and the diagnostics need the global
+gradient.  Keras 3's TensorFlow optimizer would sum them across replicas once more inside
+``apply`` (``TFOptimizer._all_reduce_sum_gradients``); the optimizer built here skips that second
+reduction (:class:`ReducedGradientsAdam`).  ``tests/test_training_distributed.py`` checks that
+one global batch gives the same update under the default strategy and ``MirroredStrategy``.
+
+Weight decay (``training.weight_decay``, ``wd``) is classic L2 regularisation, as in Lingvo's
+RNMT+ recipe: ``wd * sum ||w||^2 / 2`` is added to the (normalised) loss, i.e. ``wd * w`` is added
+to the gradient before clipping and before Adam's moment estimates (this is *not* AdamW's
+decoupled decay).  It applies to kernels and embedding matrices: variables of rank >= 2.  Biases,
+LayerNorm scales/offsets, gate biases and other vectors are not decayed.  Note that rank-2 mixing
+matrices (DLCL, transparent attention) count as kernels under this rule.
+
+Gradient transforms run in replica context on the reduced, normalised gradients, in order;
+each is a callable ``transform(grads, variables, stats) -> grads`` that may read and add scalar
+entries of ``stats`` (``stats["grad_norm"]`` is the global norm before any transform).  Setting
+``stats["skip_update"]`` (a boolean scalar, identical on every replica) discards the update; the
+trainer counts skipped updates.  Adaptive clipping (RNMT+) plugs in here.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import keras
+import tensorflow as tf
+
+__all__ = [
+    "ReducedGradientsAdam",
+    "build_optimizer",
+    "decayed_variable_mask",
+    "add_l2_gradients",
+    "l2_penalty",
+    "GradientTransform",
+    "ClipByGlobalNorm",
+    "build_gradient_transforms",
+]
+
+
+def _check_keras_internals():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    if not hasattr(TFOptimizer, "_all_reduce_sum_gradients"):
+        raise RuntimeError(
+            f"keras {keras.__version__}: TFOptimizer._all_reduce_sum_gradients is gone; "
+            "deep_nmt_tf.training.optimizers must be updated for this Keras version "
+            "(gradients would be summed across replicas twice)")
+
+
+class ReducedGradientsAdam(keras.optimizers.Adam):
+    """``keras.optimizers.Adam`` that takes gradients already summed across replicas.
+
+    Under a ``tf.distribute`` strategy, Keras 3 all-reduces (sums) the gradients passed to
+    ``apply`` in replica context.  The trainer reduces them itself (to clip and log the global
+    norm), so this optimizer leaves them as they are.  Outside a strategy it is plain Adam.
+    """
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
+
+def build_optimizer(config, learning_rate) -> keras.optimizers.Optimizer:
+    """Adam with ``training.adam_beta1/beta2/epsilon`` and the given rate or schedule.
+
+    Build it inside the strategy scope and call ``optimizer.build(trainable_variables)`` before
+    the first ``strategy.run`` (Keras 3 optimizers cannot create their slots inside a replica
+    function).
+    """
+    if keras.backend.backend() == "tensorflow":
+        _check_keras_internals()
+    t = config.training
+    return ReducedGradientsAdam(learning_rate=learning_rate, beta_1=t.adam_beta1,
+                                beta_2=t.adam_beta2, epsilon=t.adam_epsilon, name="adam")
+
+
+# --------------------------------------------------------------------------------------------
+# L2 weight decay
+# --------------------------------------------------------------------------------------------
+
+
+def decayed_variable_mask(variables: Sequence) -> List[bool]:
+    """True for the variables L2 weight decay applies to: kernels and embeddings (rank >= 2)."""
+    return [len(v.shape) >= 2 for v in variables]
+
+
+def add_l2_gradients(grads: Sequence, variables: Sequence, weight_decay: float,
+                     mask: Sequence[bool]) -> List:
+    """``g + weight_decay * w`` for the masked variables: the gradient of ``wd * ||w||^2 / 2``."""
+    if weight_decay == 0.0:
+        return list(grads)
+    out = []
+    for g, v, decayed in zip(grads, variables, mask):
+        if decayed and g is not None:
+            g = g + tf.cast(weight_decay, g.dtype) * tf.cast(tf.convert_to_tensor(v), g.dtype)
+        out.append(g)
+    return out
+
+
+def l2_penalty(variables: Sequence, weight_decay: float, mask: Sequence[bool]):
+    """``weight_decay * sum ||w||^2 / 2`` over the masked variables (float32 scalar)."""
+    terms = [tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(v), tf.float32)))
+             for v, decayed in zip(variables, mask) if decayed]
+    if not terms or weight_decay == 0.0:
+        return tf.constant(0.0)
+    return 0.5 * weight_decay * tf.add_n(terms)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient transforms
+# --------------------------------------------------------------------------------------------
+
+
+class GradientTransform:
+    """Base class of the transforms applied to reduced, normalised gradients (replica context).
+
+    Subclasses implement ``__call__(grads, variables, stats) -> grads``.  ``stats`` is a dict of
+    scalar tensors, identical on every replica; a transform may add entries (they are logged
+    as TensorBoard scalars ``train/<key>``) or set ``stats["skip_update"]``.  A transform with
+    state keeps it in ``tf.Variable``s created in ``build(variables)`` (called once inside the
+    strategy scope) and lists them in ``checkpoint_items()`` so that they are checkpointed.
+    """
+
+    def build(self, variables: Sequence) -> None:
+        del variables
+
+    def checkpoint_items(self) -> Dict[str, tf.Module]:
+        return {}
+
+    def __call__(self, grads: List, variables: Sequence, stats: Dict[str, tf.Tensor]) -> List:
+        raise NotImplementedError
+
+
+class ClipByGlobalNorm(GradientTransform):
+    """Rescales the gradients so that their global norm is at most ``clip_norm``.
+
+    Uses ``stats["grad_norm"]`` when present (the norm the trainer computed), and records
+    ``stats["grad_clipped"]`` (1.0 when the gradients were scaled down).
+    """
+
+    def __init__(self, clip_norm: float):
+        if clip_norm <= 0:
+            raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
+        self.clip_norm = float(clip_norm)
+
+    def __call__(self, grads, variables, stats):
+        norm = stats.get("grad_norm")
+        if norm is None:
+            norm = tf.linalg.global_norm(grads)
+        clipped, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
+        stats["grad_clipped"] = tf.cast(norm > self.clip_norm, tf.float32)
+        return clipped
+
+
+def build_gradient_transforms(config) -> List[GradientTransform]:
+    """The transforms the config asks for (``training.clip_norm`` > 0: global-norm clipping)."""
+    transforms: List[GradientTransform] = []
+    if config.training.clip_norm > 0:
+        transforms.append(ClipByGlobalNorm(config.training.clip_norm))
+    return transforms

@@ -1,0 +1,58 @@
+"""Packaging for deep_nmt_tf."""
+
+import os
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version():
+    with open(os.path.join(HERE, "deep_nmt_tf", "__init__.py"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip('"')
+    raise RuntimeError("no __version__ in deep_nmt_tf/__init__.py")
+
+
+CONSOLE_SCRIPTS = [
+    "deep-nmt-build-vocab = tools.build_vocab:run",
+    "deep-nmt-train = tools.train:run",
+]
+
+setup(
+    name="deep_nmt_tf",
+    version=_version(),
+    description="Deep neural machine translation in TensorFlow 2 / Keras 3: Transformer, RNMT+, "
+                "hybrids, transparent attention, DLCL and lexical shortcuts.",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    if os.path.exists(os.path.join(HERE, "README.md")) else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.14",
+    packages=find_packages(include=["deep_nmt_tf", "deep_nmt_tf.*", "tools"]),
+    package_data={"": ["*.yaml"]},
+    install_requires=[
+        "tensorflow==2.21.*",
+        "tensorflow-text==2.21.*",
+        "keras>=3.15,<4",
+        "sacrebleu>=2.4,<3",
+        "absl-py>=2.1",
+        "pyyaml>=6.0",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "jax[cpu]>=0.4.30",
+            "matplotlib>=3.8",
+        ],
+        "jax": ["jax>=0.4.30"],
+        "plot": ["matplotlib>=3.8"],
+    },
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

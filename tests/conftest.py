@@ -1,0 +1,30 @@
+"""Shared pytest setup.
+
+The Keras backend defaults to TensorFlow; ``tests/test_jax_backend.py`` re-runs the pure-Keras
+layer and model tests (``tests/test_layers_*.py``, ``tests/test_models_*.py``) in a subprocess
+with ``KERAS_BACKEND=jax``.  Those files must not import TensorFlow.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    import keras
+
+    keras.utils.set_random_seed(1234)
+    np.random.seed(1234)
+    yield
+
+
+@pytest.fixture
+def backend():
+    import keras
+
+    return keras.backend.backend()
