@@ -16,8 +16,8 @@ def _version():
 
 
 CONSOLE_SCRIPTS = [
-    "deep-nmt-build-vocab = tools.build_vocab:run",
-    "deep-nmt-train = tools.train:run",
+    "deep-nmt-build-vocab = deep_nmt_tf.tools.build_vocab:run",
+    "deep-nmt-train = deep_nmt_tf.tools.train:run",
 ]
 
 setup(
@@ -30,7 +30,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.14",
-    packages=find_packages(include=["deep_nmt_tf", "deep_nmt_tf.*", "tools"]),
+    # tools/ (the absl binaries) installs as deep_nmt_tf.tools, so console scripts work from a
+    # wheel without a generic top-level "tools" package in site-packages.
+    packages=find_packages(include=["deep_nmt_tf", "deep_nmt_tf.*"]) + ["deep_nmt_tf.tools"],
+    package_dir={"deep_nmt_tf.tools": "tools"},
     package_data={"": ["*.yaml"]},
     install_requires=[
         "tensorflow==2.21.*",

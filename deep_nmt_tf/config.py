@@ -40,6 +40,7 @@ __all__ = [
     "DLCLConfig",
     "LexicalShortcutsConfig",
     "load_config",
+    "require_training_data",
     "config_from_dict",
     "config_to_dict",
     "save_config",
@@ -367,14 +368,10 @@ def _validate(cfg: Config, locator: _Locator, default_where: str):
     if m.tie_softmax_embeddings is False and m.tie_source_target_embeddings is None:
         pass
     d = cfg.data
-    if d.corpus == "files":
-        if not d.train_source or not d.train_target:
-            key = "data.train_source" if not d.train_source else "data.train_target"
-            fail(key, "required when data.corpus is 'files' (or set data.corpus: synthetic)")
-        if bool(d.dev_source) != bool(d.dev_target):
-            fail("data.dev_source", "dev_source and dev_target must be given together")
-        if bool(d.test_source) != bool(d.test_target):
-            fail("data.test_source", "test_source and test_target must be given together")
+    if bool(d.dev_source) != bool(d.dev_target):
+        fail("data.dev_source", "dev_source and dev_target must be given together")
+    if bool(d.test_source) != bool(d.test_target):
+        fail("data.test_source", "test_source and test_target must be given together")
     t = cfg.training
     if t.schedule in ("transformer",) and t.warmup_steps < 1:
         fail("training.warmup_steps", "the transformer schedule needs warmup_steps >= 1")
@@ -404,7 +401,22 @@ def _apply_override(data: Dict[str, Any], override: str, locator: _Locator):
             raise ConfigError(f"--override {key}: {p} is not a section")
         node = child
     node[parts[-1]] = value
-    locator.set(key, f"--override {key}")
+    locator.set(key, "--override")
+
+
+def require_training_data(cfg: Config):
+    """Raises :class:`ConfigError` (naming key and file) if no training corpus is configured.
+
+    Checked by the training tools before any work, not at load time, so that a config file
+    describing only a model (e.g. ``configs/transformer_base.yaml``) loads and builds.
+    """
+    d = cfg.data
+    if d.corpus == "files":
+        for key in ("train_source", "train_target"):
+            if not getattr(d, key):
+                raise ConfigError(f"{cfg.source}: data.{key}: required when data.corpus is "
+                                  f"'files' (give --override=data.{key}=PATH, or set "
+                                  f"data.corpus: synthetic)")
 
 
 def config_from_dict(data: Dict[str, Any], source: str = "<dict>",

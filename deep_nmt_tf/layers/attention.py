@@ -113,7 +113,7 @@ class MultiHeadAttention(keras.layers.Layer):
             name=name, shape=shape,
             initializer=self.bias_initializer if bias else self.kernel_initializer)
 
-    def build(self, input_shape=None, memory_shape=None):
+    def build(self, input_shape=None):
         d = self.d_model
         if self.self_attention:
             self.qkv_kernel = self._w("qkv_kernel", (d, 3 * d))

@@ -213,7 +213,7 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         self.cross_sublayer = self._sublayer("cross_attention")
         self.ffn_sublayer = self._sublayer("ffn")
 
-    def build(self, input_shape, memory_shape=None):
+    def build(self, input_shape):
         for sub in (self.self_attention, self.cross_attention, self.ffn,
                     self.self_sublayer, self.cross_sublayer,
                     self.ffn_sublayer):

@@ -156,7 +156,7 @@ class TransformerDecoder(_StackBase):
                                                 name=f"layer_{i}")
                         for i in range(self.num_layers)]
 
-    def build(self, ids_shape, memory_shape=None):
+    def build(self, ids_shape):
         self._build_common(ids_shape)
         for layer in self.layers_:
             layer.build((None, None, self.d_model))
