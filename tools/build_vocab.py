@@ -1,0 +1,118 @@
+r"""Learns a shared WordPiece vocabulary (thin wrapper around deep_nmt_tf.data.vocab).
+
+From a config (the training corpus of ``data``; a synthetic corpus is written to
+``MODEL_DIR/data``; output ``data.vocab`` or ``MODEL_DIR/vocab.txt``)::
+
+    deep-nmt-build-vocab --config=configs/demo.yaml --model_dir=runs/demo \
+        [--override=data.vocab_size=4000]
+
+From explicit files::
+
+    deep-nmt-build-vocab --input=train.src,train.tgt --output=vocab.txt --vocab_size=8000 \
+        [--lowercase]
+
+The vocabulary file is always (re)written.  The reserved tokens <pad>, <s>, </s>, [UNK] take
+ids 0-3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Sequence
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags():
+    """Defines this tool's flags unless another tool in the process already did.
+
+    The tools share absl's global FLAGS when imported into one process (tests); ``--input`` and
+    ``--output`` are therefore plain strings, like in tools/translate.py, and the mode is chosen
+    by which flags are present on the command line, not by their defaults.
+    """
+    definitions = [
+        (flags.DEFINE_string, "config", None, "YAML config file (config mode)."),
+        (flags.DEFINE_multi_string, "override", [],
+         "Config override KEY=VALUE, e.g. data.vocab_size=4000 (repeatable)."),
+        (flags.DEFINE_string, "model_dir", None,
+         "Run directory: synthetic corpus and default vocabulary location (config mode)."),
+        (flags.DEFINE_string, "input", None, "Comma-separated text files (explicit mode)."),
+        (flags.DEFINE_string, "output", None, "Vocabulary file to write (explicit mode)."),
+        (flags.DEFINE_integer, "vocab_size", 8000, "Target vocabulary size (explicit mode)."),
+        (flags.DEFINE_bool, "lowercase", False, "Lower-case text first (explicit mode)."),
+    ]
+    for define, name, default, help_text in definitions:
+        if name not in FLAGS:
+            define(name, default, help_text)
+
+
+_define_flags()
+
+
+def _from_config(config_path: str, overrides: Sequence[str], model_dir: str) -> List[str]:
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.data import synthetic, text_io, vocab
+
+    config = load_config(config_path, overrides)
+    data = config.data
+    if data.corpus == "synthetic":
+        if not model_dir:
+            raise app.UsageError("--model_dir is required when data.corpus is 'synthetic'")
+        paths = synthetic.write_corpus(
+            os.path.join(model_dir, "data"), data.synthetic_train_size,
+            data.synthetic_dev_size, data.synthetic_test_size, data.synthetic_seed)
+        data = dataclasses.replace(data, **paths)
+    if not data.vocab and not model_dir:
+        raise app.UsageError("data.vocab is empty: give --model_dir (writes MODEL_DIR/vocab.txt) "
+                             "or set data.vocab")
+    output = data.vocab or os.path.join(model_dir, "vocab.txt")
+    stats = text_io.check_parallel(data.train_source, data.train_target)
+    logging.info("%s", text_io.describe_stats(stats, "train"))
+    return vocab.build_vocab([data.train_source, data.train_target], output, data.vocab_size,
+                             data.lowercase)
+
+
+def _from_files(inputs: Sequence[str], output: str, vocab_size: int,
+                lowercase: bool) -> List[str]:
+    from deep_nmt_tf.data import vocab
+
+    return vocab.build_vocab(list(inputs), output, vocab_size, lowercase)
+
+
+def main(argv: Sequence[str]) -> None:
+    """Entry point after absl parsed the flags.
+
+    Args:
+      argv: leftover positional arguments (none are accepted).
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
+    explicit = FLAGS["input"].present or FLAGS["output"].present
+    if FLAGS.config and explicit:
+        raise app.UsageError("give either --config (config mode) or --input/--output, not both")
+    if not FLAGS.config and not (FLAGS["input"].present and FLAGS["output"].present):
+        raise app.UsageError("give --config=FILE [--model_dir=DIR], or --input=FILES "
+                             "--output=FILE [--vocab_size=N] [--lowercase]")
+    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.data.text_io import DataError
+
+    try:
+        if FLAGS.config:
+            _from_config(FLAGS.config, FLAGS.override, FLAGS.model_dir)
+        else:
+            inputs = [path for path in FLAGS.input.split(",") if path]
+            _from_files(inputs, FLAGS.output, FLAGS.vocab_size, FLAGS.lowercase)
+    except (ConfigError, DataError) as e:  # Expected user errors: message, no traceback.
+        raise SystemExit(f"build_vocab: error: {e}") from None
+
+
+def run() -> None:
+    """Console-script entry point (``deep-nmt-build-vocab``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
