@@ -71,6 +71,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     - ``project_query(x)``, ``project_key_value(memory)``, ``project_qkv(x)`` return per-head
       tensors ``[B, H, T, dh]`` (queries already scaled by ``dh**-0.5``);
+    - ``project_qkv_raw(x)`` / ``project_key_value_raw(memory)`` return the same projections
+      before head splitting (``[B, T, D]``, queries unscaled) for layers that modify keys and
+      values (lexical shortcuts gate them); ``split_heads`` and ``scale_query`` finish them;
     - ``attend(q, k, v, bias, training)`` returns the output projection ``[B, Tq, D]``.
 
     Args:
@@ -141,6 +144,18 @@ class MultiHeadAttention(keras.layers.Layer):
     def project_qkv_raw(self, x):
         """Self-attention projections before head splitting: q, k, v each ``[B, T, D]``."""
         return ops.split(dense(x, self.qkv_kernel, self.qkv_bias), 3, axis=-1)
+
+    def project_key_value_raw(self, memory):
+        """Keys/values of ``memory`` before head splitting: k, v each ``[B, S, D]``."""
+        if self.self_attention:
+            kernel, bias = self.qkv_kernel[:, self.d_model:], self.qkv_bias[self.d_model:]
+        else:
+            kernel, bias = self.kv_kernel, self.kv_bias
+        return ops.split(dense(memory, kernel, bias), 2, axis=-1)
+
+    def scale_query(self, q):
+        """Scales per-head queries ``[B, H, T, dh]`` by ``dh**-0.5``."""
+        return self._scale(q)
 
     def project_query(self, x):
         """Query ``[B, T, D]`` -> ``[B, H, T, dh]`` (scaled)."""

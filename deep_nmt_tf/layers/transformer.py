@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from deep_nmt_tf.layers.attention import MultiHeadAttention, dense
+from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 
 __all__ = ["FeedForward", "Residual", "TransformerEncoderLayer", "TransformerDecoderLayer"]
 
@@ -119,6 +120,21 @@ class _TransformerLayerBase(keras.layers.Layer):
         return Residual(self.norm, self.layer_norm_epsilon, self.residual_dropout,
                         dtype=self.dtype_policy, name=f"{name}_residual")
 
+    def _shortcut(self, variant, name):
+        if variant is None:
+            return None
+        return LexicalShortcut(self.d_model, variant=variant, dtype=self.dtype_policy, name=name)
+
+    @staticmethod
+    def _gated_self_attention(attention, shortcut, x, source, bias, training):
+        """Self-attention whose keys/values are gated with ``source`` (lexical shortcuts)."""
+        q, k, v = attention.project_qkv_raw(x)
+        k, v, gates = shortcut(source, x, k, v, return_gates=True)
+        q = attention.scale_query(attention.split_heads(q))
+        y = attention.attend(q, attention.split_heads(k), attention.split_heads(v), bias,
+                             training)
+        return y, gates
+
     def compute_output_shape(self, input_shape):
         return input_shape
 
@@ -147,8 +163,15 @@ class TransformerEncoderLayer(_TransformerLayerBase):
       residual_dropout, attention_dropout, relu_dropout: Tensor2Tensor's dropouts.
       layer_norm_epsilon: LayerNorm epsilon.
 
-    Call: ``layer(x, bias=None, training=None)``, ``x`` ``[B, S, D]``, ``bias`` the padding bias
-    ``[B, 1, 1, S]`` (``padding_bias``).  Returns ``[B, S, D]``.
+      shortcut: ``None`` or a lexical-shortcut variant (``'shortcuts'`` or
+        ``'feature_fusion'``, :class:`~deep_nmt_tf.layers.LexicalShortcut`) gating a shortcut
+        source into the self-attention keys/values.
+
+    Call: ``layer(x, bias=None, training=None, shortcut=None, return_gates=False)``, ``x``
+    ``[B, S, D]``, ``bias`` the padding bias ``[B, 1, 1, S]`` (``padding_bias``), ``shortcut``
+    the shortcut source ``[B, S, D]`` (required when the layer has a shortcut).  Returns
+    ``[B, S, D]``; with ``return_gates`` also a dict ``{"self": (key_gate, value_gate)}`` (empty
+    without shortcut).
 
     Example:
       >>> layer = TransformerEncoderLayer(16, 4, 32, norm="pre")
@@ -156,57 +179,95 @@ class TransformerEncoderLayer(_TransformerLayerBase):
       (2, 5, 16)
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, shortcut=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.shortcut_variant = shortcut
         self.self_attention = MultiHeadAttention(
             self.d_model, self.num_heads, self.attention_dropout, self_attention=True,
             dtype=self.dtype_policy, name="self_attention")
+        self.self_shortcut = self._shortcut(shortcut, "self_attention_shortcut")
         self.ffn = FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
                                dtype=self.dtype_policy, name="ffn")
         self.attention_sublayer = self._sublayer("self_attention")
         self.ffn_sublayer = self._sublayer("ffn")
 
     def build(self, input_shape):
-        for sub in (self.self_attention, self.ffn, self.attention_sublayer,
-                    self.ffn_sublayer):
+        subs = [self.self_attention, self.ffn, self.attention_sublayer, self.ffn_sublayer]
+        if self.self_shortcut is not None:
+            subs.append(self.self_shortcut)
+        for sub in subs:
             sub.build(input_shape)
         self.built = True
 
-    def attention_block(self, x, bias=None, training=None):
-        """Self-attention sub-layer; overridden by variants that change keys/values."""
-        return self.self_attention(x, bias=bias, training=training)
+    def attention_block(self, x, bias=None, training=None, shortcut=None, return_gates=False):
+        """Self-attention sub-layer on the (pre-norm: normalised) input ``x``; with a lexical
+        shortcut its keys/values are gated with the shortcut source ``shortcut``."""
+        if self.self_shortcut is None:
+            y, gates = self.self_attention(x, bias=bias, training=training), None
+        else:
+            if shortcut is None:
+                raise ValueError(f"{self.name}: this layer has a lexical shortcut; pass the "
+                                 "shortcut source as `shortcut=`")
+            y, gates = self._gated_self_attention(self.self_attention, self.self_shortcut, x,
+                                                  shortcut, bias, training)
+        return (y, gates) if return_gates else y
 
-    def call(self, x, bias=None, training=None):
+    def call(self, x, bias=None, training=None, shortcut=None, return_gates=False):
         s = self.attention_sublayer
-        x = s.outputs(x, self.attention_block(s.inputs(x), bias, training), training)
+        y, gates = self.attention_block(s.inputs(x), bias, training, shortcut, return_gates=True)
+        x = s.outputs(x, y, training)
         s = self.ffn_sublayer
-        return s.outputs(x, self.ffn(s.inputs(x), training=training), training)
+        x = s.outputs(x, self.ffn(s.inputs(x), training=training), training)
+        if return_gates:
+            return x, ({"self": gates} if gates is not None else {})
+        return x
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"shortcut": self.shortcut_variant})
+        return config
 
 
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
 class TransformerDecoderLayer(_TransformerLayerBase):
     """Causal self-attention, encoder-decoder attention and feed-forward sub-layers.
 
-    Call (teacher forcing): ``layer(x, memory, self_bias=None, memory_bias=None, training=None)``
-    with ``x`` ``[B, T, D]``, ``memory`` ``[B, S, D_mem]``, ``self_bias`` the causal bias
-    (``causal_bias(T)``) and ``memory_bias`` the source padding bias.
+    Call (teacher forcing): ``layer(x, memory, self_bias=None, memory_bias=None, training=None,
+    shortcut=None, memory_shortcut=None, return_gates=False)`` with ``x`` ``[B, T, D]``,
+    ``memory`` ``[B, S, D_mem]``, ``self_bias`` the causal bias (``causal_bias(T)``) and
+    ``memory_bias`` the source padding bias.  ``shortcut`` (``[B, T, D]``) and
+    ``memory_shortcut`` (``[B, S, D_mem]``, the source embeddings) are the lexical-shortcut
+    sources of the self- and encoder-decoder attention when the layer has those shortcuts.
 
-    Incremental decoding: ``cache = layer.init_cache(memory, max_length)`` computes the
-    memory keys/values once; ``y, cache = layer.step(x, cache, step, self_bias, memory_bias)``
-    runs one position (``x`` ``[B, 1, D]``, ``self_bias = step_bias(step, max_length)``).
+    Incremental decoding: ``cache = layer.init_cache(memory, max_length, memory_shortcut=None)``
+    computes the memory keys/values once (gated, with a cross-attention shortcut);
+    ``y, cache = layer.step(x, cache, step, self_bias, memory_bias, shortcut=None)`` runs one
+    position (``x`` ``[B, 1, D]``, ``self_bias = step_bias(step, max_length)``, ``shortcut`` the
+    shortcut source at that position).  The self-attention cache holds the gated keys/values.
 
-    Args: as :class:`TransformerEncoderLayer`, plus ``memory_dim`` (default d_model).
+    Args: as :class:`TransformerEncoderLayer`, plus ``memory_dim`` (default d_model),
+      ``self_shortcut`` / ``cross_shortcut``: ``None`` or a lexical-shortcut variant for the
+      self-attention / the encoder-decoder attention (Emelin et al. 2019, Table 4).
     """
 
-    def __init__(self, *args, memory_dim=None, **kwargs):
+    def __init__(self, *args, memory_dim=None, self_shortcut=None, cross_shortcut=None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.memory_dim = int(memory_dim or self.d_model)
+        self.self_shortcut_variant = self_shortcut
+        self.cross_shortcut_variant = cross_shortcut
         self.self_attention = MultiHeadAttention(
             self.d_model, self.num_heads, self.attention_dropout, self_attention=True,
             dtype=self.dtype_policy, name="self_attention")
         self.cross_attention = MultiHeadAttention(
             self.d_model, self.num_heads, self.attention_dropout, self_attention=False,
             memory_dim=self.memory_dim, dtype=self.dtype_policy, name="cross_attention")
+        self.self_shortcut = self._shortcut(self_shortcut, "self_attention_shortcut")
+        self.cross_shortcut = None
+        if cross_shortcut is not None:
+            self.cross_shortcut = LexicalShortcut(
+                self.d_model, source_dim=self.memory_dim, variant=cross_shortcut,
+                dtype=self.dtype_policy, name="cross_attention_shortcut")
         self.ffn = FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
                                dtype=self.dtype_policy, name="ffn")
         self.self_sublayer = self._sublayer("self_attention")
@@ -218,6 +279,10 @@ class TransformerDecoderLayer(_TransformerLayerBase):
                     self.self_sublayer, self.cross_sublayer,
                     self.ffn_sublayer):
             sub.build(input_shape)
+        if self.self_shortcut is not None:
+            self.self_shortcut.build(input_shape)
+        if self.cross_shortcut is not None:
+            self.cross_shortcut.build((None, None, self.memory_dim))
         self.built = True
 
     def _cross_and_ffn(self, x, cross_k, cross_v, memory_bias, training):
@@ -228,31 +293,80 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         s = self.ffn_sublayer
         return s.outputs(x, self.ffn(s.inputs(x), training=training), training)
 
-    def self_attention_block(self, x, self_bias=None, training=None):
-        """Self-attention sub-layer (teacher forcing); overridden by variants."""
-        return self.self_attention(x, bias=self_bias, training=training)
+    def _require(self, value, what):
+        if value is None:
+            raise ValueError(f"{self.name}: this layer has a lexical shortcut on its {what}; "
+                             "pass its shortcut source")
 
-    def self_attention_step(self, x, cache, step, self_bias, training=None):
-        """Self-attention sub-layer for one decoding step; returns (y, new self cache)."""
-        return self.self_attention.step(x, cache, step, self_bias, training)
+    def cross_key_value(self, memory, memory_shortcut=None, return_gates=False):
+        """Per-head keys/values ``[B, H, S, dh]`` of ``memory`` (gated with the source
+        embeddings ``memory_shortcut`` when the cross-attention has a shortcut)."""
+        att = self.cross_attention
+        if self.cross_shortcut is None:
+            k, v = att.project_key_value(memory)
+            gates = None
+        else:
+            self._require(memory_shortcut, "encoder-decoder attention")
+            k, v = att.project_key_value_raw(memory)
+            k, v, gates = self.cross_shortcut(memory_shortcut, memory, k, v, return_gates=True)
+            k, v = att.split_heads(k), att.split_heads(v)
+        return (k, v, gates) if return_gates else (k, v)
 
-    def call(self, x, memory, self_bias=None, memory_bias=None, training=None):
+    def self_attention_block(self, x, self_bias=None, training=None, shortcut=None,
+                             return_gates=False):
+        """Self-attention sub-layer (teacher forcing) on the (pre-norm: normalised) input."""
+        if self.self_shortcut is None:
+            y, gates = self.self_attention(x, bias=self_bias, training=training), None
+        else:
+            self._require(shortcut, "self-attention")
+            y, gates = self._gated_self_attention(self.self_attention, self.self_shortcut, x,
+                                                  shortcut, self_bias, training)
+        return (y, gates) if return_gates else y
+
+    def self_attention_step(self, x, cache, step, self_bias, training=None, shortcut=None):
+        """Self-attention sub-layer for one decoding step; returns (y, new self cache).
+
+        With a lexical shortcut the cache receives the *gated* keys/values of position
+        ``step``; ``shortcut`` is the shortcut source at that position only.
+        """
+        if self.self_shortcut is None:
+            return self.self_attention.step(x, cache, step, self_bias, training)
+        self._require(shortcut, "self-attention")
+        att = self.self_attention
+        q, k, v = att.project_qkv_raw(x)
+        k, v = self.self_shortcut(shortcut, x, k, v)
+        cache = att.write_cache(cache, att.split_heads(k), att.split_heads(v), step)
+        q = att.scale_query(att.split_heads(q))
+        return att.attend(q, cache["k"], cache["v"], self_bias, training), cache
+
+    def call(self, x, memory, self_bias=None, memory_bias=None, training=None, shortcut=None,
+             memory_shortcut=None, return_gates=False):
         s = self.self_sublayer
-        x = s.outputs(x, self.self_attention_block(s.inputs(x), self_bias, training), training)
-        k, v = self.cross_attention.project_key_value(memory)
-        return self._cross_and_ffn(x, k, v, memory_bias, training)
+        y, self_gates = self.self_attention_block(s.inputs(x), self_bias, training, shortcut,
+                                                  return_gates=True)
+        x = s.outputs(x, y, training)
+        k, v, cross_gates = self.cross_key_value(memory, memory_shortcut, return_gates=True)
+        x = self._cross_and_ffn(x, k, v, memory_bias, training)
+        if return_gates:
+            gates = {}
+            if self_gates is not None:
+                gates["self"] = self_gates
+            if cross_gates is not None:
+                gates["cross"] = cross_gates
+            return x, gates
+        return x
 
-    def init_cache(self, memory, max_length):
+    def init_cache(self, memory, max_length, memory_shortcut=None):
         """Decoding cache: zero self-attention keys/values and the memory's keys/values."""
         batch = ops.shape(memory)[0]
-        k, v = self.cross_attention.project_key_value(memory)
+        k, v = self.cross_key_value(memory, memory_shortcut)
         return {"self": self.self_attention.init_cache(batch, max_length, self.compute_dtype),
                 "cross": {"k": k, "v": v}}
 
-    def step(self, x, cache, step, self_bias, memory_bias=None, training=None):
+    def step(self, x, cache, step, self_bias, memory_bias=None, training=None, shortcut=None):
         s = self.self_sublayer
         y, self_cache = self.self_attention_step(s.inputs(x), cache["self"], step, self_bias,
-                                                 training)
+                                                 training, shortcut)
         x = s.outputs(x, y, training)
         x = self._cross_and_ffn(x, cache["cross"]["k"], cache["cross"]["v"], memory_bias,
                                 training)
@@ -260,5 +374,7 @@ class TransformerDecoderLayer(_TransformerLayerBase):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"memory_dim": self.memory_dim})
+        config.update({"memory_dim": self.memory_dim,
+                       "self_shortcut": self.self_shortcut_variant,
+                       "cross_shortcut": self.cross_shortcut_variant})
         return config

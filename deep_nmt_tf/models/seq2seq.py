@@ -6,8 +6,11 @@ import dataclasses
 from typing import Any, Dict
 
 import keras
+from keras import ops
 
+from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.embedding import TokenEmbedding
+from deep_nmt_tf.layers.transparent_attention import TransparentAttention
 from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
 
 __all__ = ["Seq2SeqModel", "build_model"]
@@ -41,6 +44,20 @@ class Seq2SeqModel(keras.Model):
         state = model.init_decoder_state(encoded, max_length)
         logits, state = model.decode_step(token_ids, step, state)
 
+    Teacher forcing from an ``encoded`` dict: ``model.decode(encoded, target_input_ids,
+    training)`` (``call`` is ``decode(encode(...))``); the grad-norm-ratio diagnostic
+    differentiates the loss with respect to ``encoded["layer_outputs"][1]`` and ``[-1]``.
+
+    Deep-network options of the ``model`` config (each off by default): transparent attention
+    (the decoder's M = ``decoder_layers`` encoder-decoder attentions attend M learned mixes of
+    the encoder's embedding and layer outputs, computed once per source in
+    :meth:`decoder_memories`), DLCL in the encoder and/or decoder, and lexical shortcuts
+    (self-attentions, encoder-decoder attentions or both; plain or feature fusion; lexical or
+    non-lexical source).  Any combination builds and decodes incrementally.
+
+    Diagnostics: :meth:`diagnostic_weights` (transparent and DLCL weight matrices) and
+    :meth:`lexical_shortcut_gates` (mean gate per layer on a batch).
+
     Args:
       model_config: a :class:`deep_nmt_tf.config.ModelConfig` or its dict form; ``vocab_size``
         must be set (> 0).
@@ -71,28 +88,76 @@ class Seq2SeqModel(keras.Model):
                       input_dropout=cfg.input_dropout, residual_dropout=cfg.residual_dropout,
                       attention_dropout=cfg.attention_dropout, relu_dropout=cfg.relu_dropout,
                       layer_norm_epsilon=cfg.layer_norm_epsilon, dtype=policy)
+        dl = cfg.dlcl
+        dlcl = dict(weights=dl.weights, init=dl.init, layer_norm=dl.layer_norm,
+                    normalize_embedding=dl.normalize_embedding, window=dl.window,
+                    softmax=dl.softmax)
+        lex = cfg.lexical_shortcuts
+        self_shortcuts = cross_shortcuts = None
+        if lex.enabled:
+            if lex.placement in ("self", "both"):
+                self_shortcuts = dict(variant=lex.variant, source=lex.source)
+            if lex.placement in ("cross", "both"):
+                if lex.source != "lexical":
+                    raise ValueError("model.lexical_shortcuts.source 'non_lexical' is defined "
+                                     "for self-attention shortcuts only (placement: self)")
+                cross_shortcuts = lex.variant
         self.encoder = TransformerEncoder(source_embedding, cfg.encoder_layers, name="encoder",
-                                          **common)
+                                          dlcl=dlcl if dl.encoder else None,
+                                          shortcuts=self_shortcuts, **common)
         self.decoder = TransformerDecoder(target_embedding, cfg.decoder_layers, name="decoder",
-                                          tie_softmax=cfg.tie_softmax_embeddings, **common)
+                                          tie_softmax=cfg.tie_softmax_embeddings,
+                                          dlcl=dlcl if dl.decoder else None,
+                                          shortcuts=self_shortcuts,
+                                          cross_shortcuts=cross_shortcuts, **common)
+        self.transparent_attention = None
+        ta = cfg.transparent_attention
+        if ta.enabled:
+            # M = the decoder's number of encoder-decoder attention modules (its depth).
+            self.transparent_attention = TransparentAttention(
+                num_sources=cfg.encoder_layers + 1, num_outputs=len(self.decoder.layers_),
+                weight_dropout=ta.weight_dropout, min_probability=ta.min_probability,
+                dtype=policy, name="transparent_attention")
 
     def build(self, input_shape=None):
         if self.built:
             return
         self.encoder.build((None, None))
         self.decoder.build((None, None))
+        if self.transparent_attention is not None:
+            self.transparent_attention.build()
         self.built = True
 
     # -- teacher forcing -----------------------------------------------------------------
     def decoder_memories(self, encoded, training=None):
-        """Memory (or list of per-layer memories) the decoder attends to."""
-        return encoded["memory"]
+        """Memory the decoder attends to: ``encoded["memory"]``, or with transparent attention
+        the stacked ``[M, B, S, D]`` mixes of ``encoded["layer_outputs"]`` (one per decoder
+        layer; the same structure in training and inference).
+
+        With transparent attention the mixes replace the encoder output: the sources are the
+        raw outputs (Bapna et al.; Lingvo's pre-norm stack has no final LayerNorm), so the
+        encoder's own output path (a pre-norm stack's final LayerNorm, DLCL's last row) is
+        still computed into ``encoded["memory"]`` but receives no gradient from the loss.
+        """
+        if self.transparent_attention is None:
+            return encoded["memory"]
+        return self.transparent_attention(encoded["layer_outputs"], training=training)
+
+    def _memory_embeddings(self, encoded):
+        if self.decoder.cross_shortcuts is None:
+            return None
+        return encoded["layer_outputs"][0]
+
+    def decode(self, encoded, target_input_ids, training=None, return_gates=False):
+        """Teacher-forced float32 logits ``[B, T, V]`` from an ``encode`` result."""
+        return self.decoder(target_input_ids, self.decoder_memories(encoded, training=training),
+                            encoded["mask"], training=training,
+                            memory_embeddings=self._memory_embeddings(encoded),
+                            return_gates=return_gates)
 
     def call(self, inputs, training=None):
         encoded = self.encode(inputs["source_ids"], training=training)
-        return self.decoder(inputs["target_input_ids"],
-                            self.decoder_memories(encoded, training=training),
-                            encoded["mask"], training=training)
+        return self.decode(encoded, inputs["target_input_ids"], training=training)
 
     # -- decoding interface ---------------------------------------------------------------
     def encode(self, source_ids, training=False):
@@ -102,11 +167,65 @@ class Seq2SeqModel(keras.Model):
     def init_decoder_state(self, encoded, max_length):
         """Decoder state (memory keys/values computed once, empty self-attention caches)."""
         return self.decoder.init_state(self.decoder_memories(encoded, training=False),
-                                       encoded["mask"], max_length)
+                                       encoded["mask"], max_length,
+                                       memory_embeddings=self._memory_embeddings(encoded))
 
     def decode_step(self, token_ids, step, state):
         """``token_ids`` ``[B]`` at position ``step`` -> (float32 logits ``[B, V]``, state)."""
         return self.decoder.step(token_ids, step, state)
+
+    # -- diagnostics -----------------------------------------------------------------------
+    def diagnostic_weights(self):
+        """Learned mixing matrices as float32 tensors (inference values, no dropout):
+
+        - ``"transparent_attention"``: ``[N+1, M]`` softmax-normalised mix (rows: embedding
+          and encoder layers 1..N; columns: decoder layers), Bapna et al. Fig. 4;
+        - ``"encoder_dlcl"`` / ``"decoder_dlcl"``: ``[L+1, L+1]`` effective DLCL weights (row l
+          feeds layer l+1, row L the stack output; masked entries are 0), Wang et al. Fig. 5.
+
+        Only the enabled methods appear.  ``keras.ops.convert_to_numpy`` gives arrays.
+        """
+        out = {}
+        if self.transparent_attention is not None:
+            out["transparent_attention"] = self.transparent_attention.mix_weights(training=False)
+        if self.encoder.dlcl is not None:
+            out["encoder_dlcl"] = self.encoder.dlcl.weight_matrix()
+        if self.decoder.dlcl is not None:
+            out["decoder_dlcl"] = self.decoder.dlcl.weight_matrix()
+        return out
+
+    def lexical_shortcut_gates(self, inputs, training=False):
+        """Mean lexical-shortcut gate per layer and attention on a batch (Emelin et al.).
+
+        Args:
+          inputs: ``{"source_ids", "target_input_ids"}`` as for ``call``.
+
+        Returns:
+          dict ``"encoder/layer_3/self/key" -> scalar`` float32 tensor (also ``.../value``;
+          decoder layers also ``.../cross/...`` with cross-attention shortcuts): the gate
+          ``r`` averaged over the channels and the non-padding positions of the batch (source
+          positions for encoder self-attention and cross-attention, target positions for
+          decoder self-attention).  Empty without lexical shortcuts.
+        """
+        source_ids, target_ids = inputs["source_ids"], inputs["target_input_ids"]
+        encoded = self.encoder(source_ids, training=training, return_gates=True)
+        _, dec_gates = self.decode(encoded, target_ids, training=training, return_gates=True)
+        masks = {"source": ops.cast(ops.not_equal(source_ids, PAD_ID), "float32"),
+                 "target": ops.cast(ops.not_equal(target_ids, PAD_ID), "float32")}
+
+        def masked_mean(gate, mask):
+            gate = ops.mean(ops.cast(gate, "float32"), axis=-1)
+            return ops.sum(gate * mask) / ops.maximum(ops.sum(mask), 1.0)
+
+        out = {}
+        for stack, gates in (("encoder", encoded["gates"]), ("decoder", dec_gates)):
+            for i, layer_gates in enumerate(gates):
+                for kind, (gk, gv) in layer_gates.items():
+                    positions = "target" if (stack, kind) == ("decoder", "self") else "source"
+                    prefix = f"{stack}/layer_{i}/{kind}"
+                    out[f"{prefix}/key"] = masked_mean(gk, masks[positions])
+                    out[f"{prefix}/value"] = masked_mean(gv, masks[positions])
+        return out
 
     @property
     def vocab_size(self):

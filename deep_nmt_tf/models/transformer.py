@@ -3,6 +3,22 @@
 Both stacks follow the interfaces in ``docs/DESIGN.md``: the encoder returns a dict with the
 memory, its padding mask and the per-layer outputs (embedding output first, as layer 0); the
 decoder computes teacher-forced logits and runs one step at a time from a cache.
+
+Deep-network options (each off by default):
+
+- ``dlcl``: a dict of :class:`~deep_nmt_tf.layers.DynamicLinearCombination` options (``weights``,
+  ``init``, ``layer_norm``, ``normalize_embedding``, ``window``, ``softmax``): each layer's input
+  is a learned combination of all earlier outputs (Wang et al. 2019).
+- ``shortcuts``: ``{"variant": "shortcuts" | "feature_fusion", "source": "lexical" |
+  "non_lexical"}``: lexical shortcuts on every self-attention (Emelin et al. 2019); the decoder
+  also takes ``cross_shortcuts`` (a variant) for its encoder-decoder attentions.
+
+Shortcut sources.  ``lexical``: the layer-0 input (scaled embedding + positions after input
+dropout) for every layer.  ``non_lexical`` (Emelin et al. section 4.3, "layer n to layer n-2, e.g.
+layer 6 to layer 4; the first layer to the embeddings"): layers are numbered 1..L with the
+embedding output as layer 0, and layer n takes the raw output of layer n-2.  Layer 2 therefore
+takes layer 0 (the embeddings) and layer 1, having no antecedent, takes the embeddings too, so
+layers 1 and 2 both get the embedding output (for layer 1 it coincides with its ordinary input).
 """
 
 from __future__ import annotations
@@ -12,6 +28,7 @@ from keras import ops
 
 from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.attention import causal_bias, padding_bias, step_bias
+from deep_nmt_tf.layers.dlcl import DynamicLinearCombination
 from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding, TokenEmbedding
 from deep_nmt_tf.layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 
@@ -23,7 +40,7 @@ class _StackBase(keras.layers.Layer):
 
     def __init__(self, embedding, num_layers, d_model, num_heads, ffn_dim, norm="post",
                  input_dropout=0.1, residual_dropout=0.1, attention_dropout=0.0,
-                 relu_dropout=0.0, layer_norm_epsilon=1e-6, **kwargs):
+                 relu_dropout=0.0, layer_norm_epsilon=1e-6, dlcl=None, shortcuts=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(embedding, dict):
             embedding = keras.saving.deserialize_keras_object(embedding)
@@ -45,6 +62,62 @@ class _StackBase(keras.layers.Layer):
         if norm == "pre":
             self.final_norm = keras.layers.LayerNormalization(
                 epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm")
+        self.dlcl_options = dict(dlcl) if dlcl else None
+        self.dlcl = None
+        if self.dlcl_options is not None:
+            self.dlcl = DynamicLinearCombination(
+                self.num_layers, self.d_model, norm=norm,
+                layer_norm_epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="dlcl",
+                **self.dlcl_options)
+        self.shortcut_options = dict(shortcuts) if shortcuts else None
+        if self.shortcut_options is not None:
+            unknown = set(self.shortcut_options) - {"variant", "source"}
+            if unknown:
+                raise ValueError(f"unknown shortcut options {sorted(unknown)}")
+            self.shortcut_options.setdefault("variant", "shortcuts")
+            self.shortcut_options.setdefault("source", "lexical")
+            if self.shortcut_options["source"] not in ("lexical", "non_lexical"):
+                raise ValueError(f"shortcut source must be 'lexical' or 'non_lexical', got "
+                                 f"{self.shortcut_options['source']!r}")
+
+    @property
+    def shortcut_variant(self):
+        return self.shortcut_options["variant"] if self.shortcut_options else None
+
+    def shortcut_source(self, outputs, index):
+        """Shortcut source of layer ``index`` (0-based) given ``outputs = [y_0, .., y_index]``."""
+        if self.shortcut_options is None:
+            return None
+        if self.shortcut_options["source"] == "lexical":
+            return outputs[0]
+        # Layer n = index + 1 takes layer n-2's output; layers 1 and 2 take the embeddings.
+        return outputs[max(index - 1, 0)]
+
+    def run_layers(self, x0, run_layer):
+        """Runs the layers on the embedding output ``x0``.
+
+        ``run_layer(i, layer, x, shortcut) -> y`` runs layer i on input ``x`` (the previous
+        output, or the DLCL combination) with shortcut source ``shortcut``.  Returns
+        ``(top, outputs)``: the stack output before any final LayerNorm (the last DLCL
+        combination with DLCL) and ``[y_0, .., y_L]``, the raw layer outputs.
+        """
+        outputs = [x0]
+        weights = stored = None
+        if self.dlcl is not None:
+            weights = self.dlcl.weight_matrix()
+            stored = [self.dlcl.store(x0, 0)]
+        x = x0
+        for i, layer in enumerate(self.layers_):
+            if self.dlcl is not None:
+                x = self.dlcl.combine(stored, i, weights)
+            y = run_layer(i, layer, x, self.shortcut_source(outputs, i))
+            outputs.append(y)
+            if self.dlcl is not None:
+                stored.append(self.dlcl.store(y, i + 1))
+            x = y
+        if self.dlcl is not None:
+            x = self.dlcl.combine(stored, self.num_layers, weights)
+        return x, outputs
 
     def layer_kwargs(self):
         return dict(d_model=self.d_model, num_heads=self.num_heads, ffn_dim=self.ffn_dim,
@@ -66,6 +139,8 @@ class _StackBase(keras.layers.Layer):
             self.embedding.build(ids_shape)
         if self.final_norm is not None:
             self.final_norm.build((None, None, self.d_model))
+        if self.dlcl is not None:
+            self.dlcl.build()
 
     def get_config(self):
         config = super().get_config()
@@ -81,6 +156,8 @@ class _StackBase(keras.layers.Layer):
             "attention_dropout": self.attention_dropout,
             "relu_dropout": self.relu_dropout,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "dlcl": self.dlcl_options,
+            "shortcuts": self.shortcut_options,
         })
         return config
 
@@ -95,7 +172,12 @@ class TransformerEncoder(_StackBase):
     - ``"memory"``: ``[B, S, D]`` the encoder output (after the final LayerNorm if pre-norm);
     - ``"mask"``: bool ``[B, S]``, True at real tokens;
     - ``"layer_outputs"``: list of N+1 ``[B, S, D]`` tensors: the embedding output (layer 0)
-      and each layer's raw output (transparent attention mixes these).
+      and each layer's raw output (transparent attention mixes these; the grad-norm ratio
+      diagnostic differentiates the loss with respect to them).
+
+    With ``return_gates=True`` the dict also holds ``"gates"``: per layer a dict
+    ``{"self": (key_gate, value_gate)}`` of ``[B, S, D]`` lexical-shortcut gates (empty dicts
+    without shortcuts).
 
     Args:
       embedding: a :class:`TokenEmbedding` (possibly shared with the decoder).
@@ -103,11 +185,16 @@ class TransformerEncoder(_StackBase):
       d_model, num_heads, ffn_dim, norm, *_dropout, layer_norm_epsilon: see
         :class:`~deep_nmt_tf.layers.TransformerEncoderLayer`; ``input_dropout`` applies to the
         embeddings plus positions.
+      dlcl: ``None`` or DLCL options (module docstring); with pre-norm the final LayerNorm
+        follows the last combination.
+      shortcuts: ``None`` or lexical-shortcut options (module docstring).
     """
 
     def __init__(self, embedding, num_layers, *args, **kwargs):
         super().__init__(embedding, num_layers, *args, **kwargs)
-        self.layers_ = [TransformerEncoderLayer(**self.layer_kwargs(), name=f"layer_{i}")
+        self.layers_ = [TransformerEncoderLayer(**self.layer_kwargs(),
+                                                shortcut=self.shortcut_variant,
+                                                name=f"layer_{i}")
                         for i in range(self.num_layers)]
 
     def build(self, ids_shape):
@@ -116,27 +203,40 @@ class TransformerEncoder(_StackBase):
             layer.build((None, None, self.d_model))
         self.built = True
 
-    def call(self, source_ids, training=None):
+    def call(self, source_ids, training=None, return_gates=False):
         mask = ops.not_equal(source_ids, PAD_ID)
         bias = padding_bias(mask)
-        x = self.embed(source_ids, training=training)
-        outputs = [x]
-        for layer in self.layers_:
-            x = layer(x, bias=bias, training=training)
-            outputs.append(x)
-        return {"memory": self.finalize(x), "mask": mask, "layer_outputs": outputs}
+        gates = []
+
+        def run_layer(i, layer, x, shortcut):
+            y, g = layer(x, bias=bias, training=training, shortcut=shortcut, return_gates=True)
+            gates.append(g)
+            return y
+
+        top, outputs = self.run_layers(self.embed(source_ids, training=training), run_layer)
+        result = {"memory": self.finalize(top), "mask": mask, "layer_outputs": outputs}
+        if return_gates:
+            result["gates"] = gates
+        return result
 
 
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
 class TransformerDecoder(_StackBase):
     """Embedding + M Transformer decoder layers (+ final LayerNorm when pre-norm) + softmax.
 
-    Teacher forcing: ``decoder(target_input_ids, memories, memory_mask, training)`` returns
-    float32 logits ``[B, T, V]``.  ``memories`` is one ``[B, S, D_mem]`` tensor shared by all
-    layers or a list of M tensors, one per encoder-decoder attention (transparent attention).
+    Teacher forcing: ``decoder(target_input_ids, memories, memory_mask, training,
+    memory_embeddings=None, return_gates=False)`` returns float32 logits ``[B, T, V]`` (and, with
+    ``return_gates``, a list of per-layer gate dicts ``{"self": (k, v), "cross": (k, v)}``).
+    ``memories`` is one ``[B, S, D_mem]`` tensor shared by all layers, a list of M tensors, or a
+    stacked ``[M, B, S, D_mem]`` tensor, one per encoder-decoder attention (transparent
+    attention).  ``memory_embeddings`` ``[B, S, D_mem]`` (the source embedding output) is needed
+    only with ``cross_shortcuts``.
 
-    Incremental decoding: ``state = decoder.init_state(memories, memory_mask, max_length)``;
-    ``logits, state = decoder.step(token_ids, step, state)``.
+    Incremental decoding: ``state = decoder.init_state(memories, memory_mask, max_length,
+    memory_embeddings=None)``; ``logits, state = decoder.step(token_ids, step, state)``.  With
+    DLCL or lexical shortcuts the step needs no extra state: a position's DLCL combination and
+    shortcut source use only that position's outputs, computed in the same step, and the
+    self-attention caches hold the (gated) keys/values.
 
     Args:
       embedding: target :class:`TokenEmbedding`.
@@ -144,15 +244,20 @@ class TransformerDecoder(_StackBase):
       tie_softmax: use ``embedding.logits`` as the output layer; else a separate
         ``[D, V]`` projection.
       memory_dim: encoder output size (default d_model).
+      cross_shortcuts: ``None`` or a lexical-shortcut variant on the encoder-decoder attention
+        (shortcut source: the source embeddings; Emelin et al. 2019, Table 4).
       other args: as :class:`TransformerEncoder`.
     """
 
     def __init__(self, embedding, num_layers, *args, tie_softmax=True, memory_dim=None,
-                 **kwargs):
+                 cross_shortcuts=None, **kwargs):
         super().__init__(embedding, num_layers, *args, **kwargs)
         self.tie_softmax = bool(tie_softmax)
         self.memory_dim = int(memory_dim or self.d_model)
+        self.cross_shortcuts = cross_shortcuts
         self.layers_ = [TransformerDecoderLayer(**self.layer_kwargs(), memory_dim=self.memory_dim,
+                                                self_shortcut=self.shortcut_variant,
+                                                cross_shortcut=cross_shortcuts,
                                                 name=f"layer_{i}")
                         for i in range(self.num_layers)]
 
@@ -173,7 +278,17 @@ class TransformerDecoder(_StackBase):
             if len(memories) != self.num_layers:
                 raise ValueError(f"got {len(memories)} memories for {self.num_layers} layers")
             return list(memories)
+        if len(memories.shape) == 4:  # stacked [M, B, S, D]
+            if memories.shape[0] != self.num_layers:
+                raise ValueError(f"got {memories.shape[0]} memories for {self.num_layers} layers")
+            return [memories[j] for j in range(self.num_layers)]
         return [memories] * self.num_layers
+
+    def _memory_embeddings(self, memory_embeddings):
+        if self.cross_shortcuts is not None and memory_embeddings is None:
+            raise ValueError("this decoder has lexical shortcuts on the encoder-decoder "
+                             "attention: pass `memory_embeddings` (the encoder's layer_outputs[0])")
+        return memory_embeddings if self.cross_shortcuts is not None else None
 
     def output_logits(self, x):
         x = self.finalize(x)
@@ -186,21 +301,32 @@ class TransformerDecoder(_StackBase):
             logits = ops.reshape(logits, tuple(ops.shape(x)[:-1]) + (self.embedding.vocab_size,))
         return ops.cast(logits, "float32")
 
-    def call(self, target_input_ids, memories, memory_mask, training=None):
+    def call(self, target_input_ids, memories, memory_mask, training=None,
+             memory_embeddings=None, return_gates=False):
         memories = self._memories(memories)
+        memory_embeddings = self._memory_embeddings(memory_embeddings)
         memory_bias = padding_bias(memory_mask)
         self_bias = causal_bias(ops.shape(target_input_ids)[1])
-        x = self.embed(target_input_ids, training=training)
-        for layer, memory in zip(self.layers_, memories):
-            x = layer(x, memory, self_bias=self_bias, memory_bias=memory_bias, training=training)
-        return self.output_logits(x)
+        gates = []
 
-    def init_state(self, memories, memory_mask, max_length):
+        def run_layer(i, layer, x, shortcut):
+            y, g = layer(x, memories[i], self_bias=self_bias, memory_bias=memory_bias,
+                         training=training, shortcut=shortcut,
+                         memory_shortcut=memory_embeddings, return_gates=True)
+            gates.append(g)
+            return y
+
+        top, _ = self.run_layers(self.embed(target_input_ids, training=training), run_layer)
+        logits = self.output_logits(top)
+        return (logits, gates) if return_gates else logits
+
+    def init_state(self, memories, memory_mask, max_length, memory_embeddings=None):
         """Decoder state for incremental decoding; every leaf has the batch as dim 0."""
         memories = self._memories(memories)
+        memory_embeddings = self._memory_embeddings(memory_embeddings)
         return {
             "memory_mask": memory_mask,
-            "layers": [layer.init_cache(memory, max_length)
+            "layers": [layer.init_cache(memory, max_length, memory_shortcut=memory_embeddings)
                        for layer, memory in zip(self.layers_, memories)],
         }
 
@@ -209,15 +335,21 @@ class TransformerDecoder(_StackBase):
         max_length = ops.shape(state["layers"][0]["self"]["k"])[2]
         memory_bias = padding_bias(state["memory_mask"])
         self_bias = step_bias(step, max_length)
-        x = self.embed(ops.expand_dims(token_ids, 1), start=step, training=False)
         new_layers = []
-        for layer, cache in zip(self.layers_, state["layers"]):
-            x, cache = layer.step(x, cache, step, self_bias, memory_bias, training=False)
+
+        def run_layer(i, layer, x, shortcut):
+            y, cache = layer.step(x, state["layers"][i], step, self_bias, memory_bias,
+                                  training=False, shortcut=shortcut)
             new_layers.append(cache)
-        logits = self.output_logits(x)[:, 0, :]
+            return y
+
+        x0 = self.embed(ops.expand_dims(token_ids, 1), start=step, training=False)
+        top, _ = self.run_layers(x0, run_layer)
+        logits = self.output_logits(top)[:, 0, :]
         return logits, {"memory_mask": state["memory_mask"], "layers": new_layers}
 
     def get_config(self):
         config = super().get_config()
-        config.update({"tie_softmax": self.tie_softmax, "memory_dim": self.memory_dim})
+        config.update({"tie_softmax": self.tie_softmax, "memory_dim": self.memory_dim,
+                       "cross_shortcuts": self.cross_shortcuts})
         return config
