@@ -39,6 +39,10 @@ __all__ = [
     "TransparentAttentionConfig",
     "DLCLConfig",
     "LexicalShortcutsConfig",
+    "RNMTConfig",
+    "AdaptiveClippingConfig",
+    "ARCHITECTURES",
+    "model_components",
     "load_config",
     "require_training_data",
     "config_from_dict",
@@ -74,7 +78,8 @@ class TransparentAttentionConfig:
     enabled: bool = _field(False, "Attend a learned softmax mix of all encoder layer outputs.")
     weight_dropout: float = _field(0.1, "Dropout on the (N+1)xM mix logits before the softmax.",
                                    min=0.0, max=1.0)
-    min_probability: float = _field(0.0, "Optional floor on each source's mix probability.",
+    min_probability: float = _field(0.0, "Optional floor p on each source's mix probability: "
+                                    "s = p + (1 - (N+1) p) softmax(W); needs (N+1) p <= 1.",
                                     min=0.0, max=1.0)
 
 
@@ -88,9 +93,16 @@ class DLCLConfig:
     init: str = _field("avg", "Initialisation of learnable weights: 1/(l+1) ('avg') or 1 ('one').",
                        choices=("avg", "one"))
     layer_norm: bool = _field(True, "Apply the layer norms of Eq. 8/9 (off: Table 6 ablation).")
-    normalize_embedding: bool = _field(False, "Pre-norm only: also LayerNorm y_0 when stored.")
+    normalize_embedding: bool = _field(False, "Also normalise y_0 as Eq. 8/9 literally do (pre-norm: "
+                                       "LN(y_0) when stored; post-norm: LN of the first "
+                                       "combination); the reference never does. Needs layer_norm.")
     window: int = _field(0, "Combine only the last k outputs (0: all).", min=0)
     softmax: bool = _field(False, "Softmax-normalise each row of the weight matrix.")
+
+    def __post_init__(self):
+        if self.normalize_embedding and not self.layer_norm:
+            raise ConfigError("model.dlcl.normalize_embedding: true needs model.dlcl.layer_norm: "
+                              "true (without the layer norms there is nothing to apply to y_0)")
 
 
 @dataclasses.dataclass
@@ -101,14 +113,56 @@ class LexicalShortcutsConfig:
                           choices=("shortcuts", "feature_fusion"))
     placement: str = _field("self", "Which attentions get shortcuts (their Table 4).",
                             choices=("self", "cross", "both"))
-    source: str = _field("lexical", "'lexical': embeddings; 'non_lexical': layer n-2's output.",
+    source: str = _field("lexical", "'lexical': embeddings; 'non_lexical': layer n-2's output "
+                         "(layers 1 and 2: the embeddings); self-attention placement only.",
                          choices=("lexical", "non_lexical"))
+
+    def __post_init__(self):
+        if self.source == "non_lexical" and self.placement != "self":
+            raise ConfigError("model.lexical_shortcuts.source: 'non_lexical' (Emelin et al. "
+                              "section 4.3) is defined for self-attention shortcuts only; use "
+                              "placement: self")
+
+
+#: ``model.architecture`` -> (encoder type, decoder type).  ``deep_nmt_tf.models`` builds each
+#: component from its own factory (``ENCODER_BUILDERS`` / ``DECODER_BUILDERS``), so a new
+#: encoder/decoder combination (a hybrid, Chen et al. 2018 section 6) is one entry here.
+ARCHITECTURES: Dict[str, Tuple[str, str]] = {
+    "transformer": ("transformer", "transformer"),
+    "rnmt_plus": ("rnmt_plus", "rnmt_plus"),
+}
+
+
+def model_components(model_config) -> Tuple[str, str]:
+    """``(encoder_type, decoder_type)`` of a ``ModelConfig``."""
+    return ARCHITECTURES[model_config.architecture]
+
+
+@dataclasses.dataclass
+class RNMTConfig:
+    """RNMT+ (Chen et al. 2018) components.  ``model.d_model`` is the embedding width and the
+    width of the projected encoder output; dropout rates are ``model.input_dropout``
+    (embeddings), ``model.residual_dropout`` (each LSTM layer's output) and
+    ``model.attention_dropout`` (attention probabilities)."""
+    encoder_units: int = _field(0, "LSTM units per direction of each RNMT+ encoder layer "
+                                "(0: d_model); layer outputs are twice as wide.", min=0)
+    decoder_units: int = _field(0, "LSTM units of each RNMT+ decoder layer (0: d_model).", min=0)
+    attention_heads: int = _field(4, "Heads of the multi-head additive attention.", min=1)
+    attention_dim: int = _field(0, "Additive-attention projection (= context) width (0: the "
+                                "decoder units); attention_heads must divide it.", min=0)
+    residual_start: int = _field(2, "First layer (0-based) with a residual connection, encoder "
+                                 "and decoder (2: from the third layer on, as the paper).", min=1)
+    cell_clip: float = _field(10.0, "Clip the LSTM cell state to +-cell_clip (0: no clipping).",
+                              min=0.0)
+    forget_bias: float = _field(1.0, "Initial forget-gate bias (part of the per-gate LayerNorm "
+                                "offset).")
 
 
 @dataclasses.dataclass
 class ModelConfig:
-    architecture: str = _field("transformer", "Model family.",
-                               choices=("transformer",))
+    architecture: str = _field("transformer", "Model family: encoder and decoder types "
+                               "(rnmt_plus: Chen et al. 2018, options under model.rnmt).",
+                               choices=tuple(ARCHITECTURES))
     vocab_size: int = _field(0, "Vocabulary size; 0 = read from the vocabulary file.", min=0)
     d_model: int = _field(512, "Model (embedding) dimension.", min=1)
     num_heads: int = _field(8, "Attention heads; must divide d_model.", min=1)
@@ -131,6 +185,7 @@ class ModelConfig:
     dlcl: DLCLConfig = _field(DLCLConfig(), "DLCL options.")
     lexical_shortcuts: LexicalShortcutsConfig = _field(LexicalShortcutsConfig(),
                                                        "Lexical shortcut options.")
+    rnmt: RNMTConfig = _field(RNMTConfig(), "RNMT+ encoder/decoder options.")
 
 
 @dataclasses.dataclass
@@ -159,15 +214,41 @@ class DataConfig:
 
 
 @dataclasses.dataclass
+class AdaptiveClippingConfig:
+    """Adaptive gradient clipping of RNMT+ (Chen et al. 2018 section 4.2): skip a step whose
+    log gradient norm is more than ``num_stddevs`` moving standard deviations above its moving
+    mean (:mod:`deep_nmt_tf.training.adaptive_clipping`)."""
+    enabled: bool = _field(False, "Skip outlier steps (the skips are counted in TensorBoard).")
+    decay: float = _field(0.995, "Decay of the moving averages of log-norm statistics.",
+                          min=0.0, max=1.0, min_exclusive=True)
+    num_stddevs: float = _field(4.0, "Skip when log-norm > mean + num_stddevs * std.", min=0.0,
+                                min_exclusive=True)
+    warmup_steps: int = _field(-1, "Finite norms to see before any skip (-1: until the moving "
+                               "averages' weight exceeds 0.75, 277 steps at decay 0.995).",
+                               min=-1)
+    norm_floor: float = _field(0.01, "The norm is floored at this value before the log.",
+                               min=0.0, min_exclusive=True)
+    min_stddev: float = _field(1e-3, "Floor of the moving standard deviation.", min=0.0)
+
+
+@dataclasses.dataclass
 class TrainingConfig:
     train_steps: int = _field(100000, "Number of optimizer updates.", min=1)
     batch_tokens: int = _field(4096, "Approximate source+target tokens per global batch.", min=1)
     gradient_accumulation_steps: int = _field(1, "Micro-batches accumulated per update.", min=1)
-    learning_rate: float = _field(2.0, "Peak learning rate; for 'transformer' the constant r0.",
+    learning_rate: float = _field(2.0, "Peak learning rate; for 'transformer' the constant r0; "
+                                  "for 'rnmt_plus' the base rate of Eq. 1 (1e-4 in the paper).",
                                   min=0.0, min_exclusive=True)
-    schedule: str = _field("transformer", "Learning-rate schedule.",
-                           choices=("transformer", "inverse_sqrt", "constant"))
+    schedule: str = _field("transformer", "Learning-rate schedule (rnmt_plus: Chen et al. 2018 "
+                           "Eq. 1 with n = replicas, then held at min_learning_rate).",
+                           choices=("transformer", "inverse_sqrt", "constant", "rnmt_plus"))
     warmup_steps: int = _field(4000, "Warm-up steps of the schedule.", min=0)
+    decay_start: int = _field(600000, "rnmt_plus schedule: s of Eq. 1 (decay starts when "
+                              "replicas * step reaches s).", min=0)
+    decay_end: int = _field(1200000, "rnmt_plus schedule: e of Eq. 1 (end of the exponential "
+                            "decay); must exceed decay_start.", min=1)
+    min_learning_rate: float = _field(5e-5, "rnmt_plus schedule: floor after the decay (the "
+                                      "paper's 5e-5).", min=0.0)
     warmup_init_lr: float = _field(1e-7, "inverse_sqrt: learning rate at step 0.", min=0.0)
     adam_beta1: float = _field(0.9, "Adam beta1.", min=0.0, max=1.0)
     adam_beta2: float = _field(0.98, "Adam beta2.", min=0.0, max=1.0)
@@ -177,6 +258,8 @@ class TrainingConfig:
     loss_normalization: str = _field("token", "Normalise the loss per target token or per sentence.",
                                      choices=("token", "sentence"))
     clip_norm: float = _field(0.0, "Clip gradients to this global norm (0 = off).", min=0.0)
+    adaptive_clipping: AdaptiveClippingConfig = _field(AdaptiveClippingConfig(),
+                                                       "Adaptive gradient clipping (RNMT+).")
     seed: int = _field(42, "Seed for initialisation, dropout and data order.")
     log_every: int = _field(100, "Steps between console/TensorBoard logs.", min=1)
     checkpoint_every: int = _field(1000, "Steps between checkpoints.", min=1)
@@ -363,8 +446,28 @@ def _validate(cfg: Config, locator: _Locator, default_where: str):
         raise ConfigError(f"{locator.where(key, default_where)}: {key}: {msg}")
 
     m = cfg.model
-    if m.d_model % m.num_heads:
+    encoder_type, decoder_type = model_components(m)
+    if "transformer" in (encoder_type, decoder_type) and m.d_model % m.num_heads:
         fail("model.num_heads", f"{m.num_heads} does not divide model.d_model={m.d_model}")
+    if "rnmt_plus" in (encoder_type, decoder_type):
+        r = m.rnmt
+        attention_dim = r.attention_dim or r.decoder_units or m.d_model
+        if decoder_type == "rnmt_plus" and attention_dim % r.attention_heads:
+            fail("model.rnmt.attention_heads", f"{r.attention_heads} does not divide the "
+                 f"attention width {attention_dim} (model.rnmt.attention_dim, else the decoder "
+                 "units)")
+        if decoder_type == "rnmt_plus" and m.tie_softmax_embeddings:
+            fail("model.tie_softmax_embeddings", "the RNMT+ softmax reads [decoder output; "
+                 "attention context], not an embedding-sized vector: set it to false")
+    if encoder_type != "transformer" and (m.dlcl.encoder or (
+            m.lexical_shortcuts.enabled and m.lexical_shortcuts.placement != "cross")):
+        fail("model.dlcl.encoder" if m.dlcl.encoder else "model.lexical_shortcuts.enabled",
+             f"DLCL and lexical shortcuts are Transformer options; the {encoder_type} encoder "
+             "has neither")
+    if decoder_type != "transformer" and (m.dlcl.decoder or m.lexical_shortcuts.enabled):
+        fail("model.dlcl.decoder" if m.dlcl.decoder else "model.lexical_shortcuts.enabled",
+             f"DLCL and lexical shortcuts are Transformer options; the {decoder_type} decoder "
+             "has neither")
     if m.tie_softmax_embeddings is False and m.tie_source_target_embeddings is None:
         pass
     d = cfg.data
@@ -375,6 +478,15 @@ def _validate(cfg: Config, locator: _Locator, default_where: str):
     t = cfg.training
     if t.schedule in ("transformer",) and t.warmup_steps < 1:
         fail("training.warmup_steps", "the transformer schedule needs warmup_steps >= 1")
+    if t.adaptive_clipping.decay >= 1.0:
+        fail("training.adaptive_clipping.decay", f"{t.adaptive_clipping.decay} must be < 1")
+    if t.jit_compile and "rnmt_plus" in model_components(m):
+        fail("training.jit_compile", "XLA cannot compile the gradient of the RNMT+ recurrences "
+             "(keras.ops.scan's while loop on TensorFlow has no maximum_iterations); set it "
+             "to false (decoding and export still compile with XLA)")
+    if t.schedule == "rnmt_plus" and t.decay_end <= t.decay_start:
+        fail("training.decay_end", f"{t.decay_end} must exceed training.decay_start="
+             f"{t.decay_start}")
     if cfg.decoding.n_best > cfg.decoding.beam_size:
         fail("decoding.n_best", f"{cfg.decoding.n_best} exceeds decoding.beam_size="
              f"{cfg.decoding.beam_size}")

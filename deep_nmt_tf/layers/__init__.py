@@ -3,10 +3,13 @@
 Every layer is registered serializable under the package name ``deep_nmt_tf``.
 """
 
+from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
 from deep_nmt_tf.layers.attention import (MultiHeadAttention, causal_bias, padding_bias,
                                           step_bias)
 from deep_nmt_tf.layers.embedding import (SinusoidalPositionEncoding, TokenEmbedding,
                                           sinusoidal_table)
+from deep_nmt_tf.layers.lstm import (BidirectionalLayerNormLSTM, LayerNormLSTM,
+                                     LayerNormLSTMCell)
 from deep_nmt_tf.layers.transformer import (FeedForward, Residual, TransformerDecoderLayer,
                                             TransformerEncoderLayer)
 
@@ -22,4 +25,8 @@ __all__ = [
     "Residual",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",
+    "LayerNormLSTMCell",
+    "LayerNormLSTM",
+    "BidirectionalLayerNormLSTM",
+    "MultiHeadAdditiveAttention",
 ]

@@ -155,8 +155,22 @@ class ClipByGlobalNorm(GradientTransform):
 
 
 def build_gradient_transforms(config) -> List[GradientTransform]:
-    """The transforms the config asks for (``training.clip_norm`` > 0: global-norm clipping)."""
+    """The transforms the config asks for, in order.
+
+    1. ``training.adaptive_clipping.enabled``: RNMT+ adaptive clipping (skips outlier steps;
+       :mod:`deep_nmt_tf.training.adaptive_clipping`), first so that it sees the raw norm;
+    2. ``training.clip_norm`` > 0: global-norm clipping.
+    """
+    t = config.training
     transforms: List[GradientTransform] = []
-    if config.training.clip_norm > 0:
-        transforms.append(ClipByGlobalNorm(config.training.clip_norm))
+    adaptive = getattr(t, "adaptive_clipping", None)
+    if adaptive is not None and adaptive.enabled:
+        from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
+
+        transforms.append(AdaptiveClippingTransform(
+            decay=adaptive.decay, num_stddevs=adaptive.num_stddevs,
+            warmup_steps=None if adaptive.warmup_steps < 0 else adaptive.warmup_steps,
+            norm_floor=adaptive.norm_floor, min_stddev=adaptive.min_stddev))
+    if t.clip_norm > 0:
+        transforms.append(ClipByGlobalNorm(t.clip_norm))
     return transforms

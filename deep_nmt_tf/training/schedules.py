@@ -10,15 +10,16 @@ the number of updates already applied, so the first update uses ``t = 0``.
 * :class:`InverseSqrtSchedule`: Fairseq's ``inverse_sqrt`` (used by Wang et al. 2019): linear
   warm-up from ``warmup_init_lr`` to the peak over ``p`` updates, then ``peak * sqrt(p / t)``.
 * :class:`ConstantSchedule`: the peak rate, optionally after a linear warm-up.
+* ``rnmt_plus``: Chen et al. 2018, Eq. 1, with the replica count ``n`` and the floor
+  (:class:`deep_nmt_tf.training.rnmt_schedule.RNMTPlusSchedule`).
 
 :func:`build_schedule` maps ``training.schedule`` to a builder through :data:`SCHEDULE_BUILDERS`;
-a new schedule (e.g. RNMT+) is added with :func:`register_schedule`::
+a new schedule is added with :func:`register_schedule` (and its name added to the
+``training.schedule`` choices in ``deep_nmt_tf/config.py``)::
 
-    @register_schedule("rnmt_plus")
-    def _build_rnmt_plus(config, num_replicas):
-        return RNMTPlusSchedule(...)
-
-(and its name added to the ``training.schedule`` choices in ``deep_nmt_tf/config.py``).
+    @register_schedule("my_schedule")
+    def _build_my_schedule(config, num_replicas):
+        return MySchedule(config.training.learning_rate, ...)
 """
 
 from __future__ import annotations
@@ -187,7 +188,15 @@ def _build_constant(config, num_replicas):
     return ConstantSchedule(t.learning_rate, t.warmup_steps)
 
 
-def build_schedule(config, num_replicas: int = 1) -> keras.optimizers.schedules.LearningRateSchedule:
+@register_schedule("rnmt_plus")
+def _build_rnmt_plus(config, num_replicas):
+    from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
+
+    return RNMTPlusSchedule.from_training_config(config.training, num_replicas)
+
+
+def build_schedule(config, num_replicas: int = 1
+                   ) -> keras.optimizers.schedules.LearningRateSchedule:
     """The schedule named by ``config.training.schedule``.
 
     Args:

@@ -1,0 +1,46 @@
+"""Training: losses, learning-rate schedules, optimizer, strategies and the training loop.
+
+TensorFlow backend only (``tf.distribute``, ``tf.data``, ``tf.train.Checkpoint``).
+
+Example:
+    >>> from deep_nmt_tf.config import load_config
+    >>> from deep_nmt_tf.training import Trainer, make_strategy
+    >>> cfg = load_config("configs/demo.yaml")
+    >>> Trainer(cfg, "runs/demo", strategy=make_strategy("default")).train()
+"""
+
+from deep_nmt_tf.training.checkpoints import model_checkpoint, restore_model_weights
+from deep_nmt_tf.training.losses import LossSums, cross_entropy_sums, loss_denominator
+from deep_nmt_tf.training.metrics import corpus_bleu, greedy_decode
+from deep_nmt_tf.training.optimizers import (ClipByGlobalNorm, GradientTransform,
+                                             build_gradient_transforms, build_optimizer)
+from deep_nmt_tf.training.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
+                                            InverseSqrtSchedule, TransformerSchedule,
+                                            build_schedule, register_schedule)
+from deep_nmt_tf.training.strategy import STRATEGIES, is_chief, make_strategy
+from deep_nmt_tf.training.trainer import TrainHook, Trainer
+
+__all__ = [
+    "model_checkpoint",
+    "restore_model_weights",
+    "LossSums",
+    "cross_entropy_sums",
+    "loss_denominator",
+    "corpus_bleu",
+    "greedy_decode",
+    "ClipByGlobalNorm",
+    "GradientTransform",
+    "build_gradient_transforms",
+    "build_optimizer",
+    "SCHEDULE_BUILDERS",
+    "ConstantSchedule",
+    "InverseSqrtSchedule",
+    "TransformerSchedule",
+    "build_schedule",
+    "register_schedule",
+    "STRATEGIES",
+    "is_chief",
+    "make_strategy",
+    "TrainHook",
+    "Trainer",
+]

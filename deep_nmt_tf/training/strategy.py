@@ -1,0 +1,74 @@
+"""``tf.distribute`` strategies by name.
+
+=================  ===========================================================================
+``default``        no distribution (the default strategy: one device)
+``mirrored``       ``MirroredStrategy``: synchronous data parallelism over the local GPUs
+                   (or the logical CPUs when there is no GPU)
+``multi_worker``   ``MultiWorkerMirroredStrategy``; the cluster comes from ``TF_CONFIG``
+``tpu``            ``TPUStrategy`` on the TPU named by ``tpu`` (``TPUClusterResolver``; empty
+                   for a local TPU VM)
+=================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+__all__ = ["STRATEGIES", "make_strategy", "is_chief"]
+
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+
+
+def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distribute.Strategy:
+    """Creates the strategy called ``name`` (one of :data:`STRATEGIES`).
+
+    Args:
+      name: ``default``, ``mirrored``, ``multi_worker`` or ``tpu``.
+      tpu: for ``tpu``: the TPU name or ``grpc://`` address; ``None``/empty for a local TPU.
+
+    Raises:
+      ValueError: unknown name, or ``multi_worker`` without a usable ``TF_CONFIG``.
+    """
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "mirrored":
+        if tf.config.list_logical_devices("GPU"):
+            return tf.distribute.MirroredStrategy()
+        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(cpus)
+    if name == "multi_worker":
+        raw = os.environ.get("TF_CONFIG")
+        if not raw:
+            raise ValueError("--strategy=multi_worker needs the TF_CONFIG environment variable "
+                             "(cluster spec and this worker's task)")
+        try:
+            spec = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"TF_CONFIG is not valid JSON: {e}") from None
+        if "cluster" not in spec or "task" not in spec:
+            raise ValueError("TF_CONFIG must hold 'cluster' and 'task'")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    raise ValueError(f"unknown strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this worker writes checkpoints, summaries and the config (single worker: True)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    cluster = resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and "chief" not in cluster

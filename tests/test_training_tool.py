@@ -1,0 +1,98 @@
+"""tools/train.py end to end on the real data pipeline (synthetic corpus) and model."""
+
+import contextlib
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+import yaml
+
+from test_training_helpers import run_python, weights
+
+TINY = {
+    "model": {"d_model": 16, "num_heads": 2, "ffn_dim": 32, "encoder_layers": 1,
+              "decoder_layers": 1, "norm": "pre"},
+    "data": {"corpus": "synthetic", "synthetic_train_size": 300, "synthetic_dev_size": 12,
+             "synthetic_test_size": 4, "vocab_size": 120, "max_dev_sentences": 8,
+             "shuffle_buffer": 64},
+    "training": {"train_steps": 4, "batch_tokens": 300, "schedule": "inverse_sqrt",
+                 "learning_rate": 3e-3, "warmup_steps": 2, "log_every": 2,
+                 "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 4, "seed": 3},
+    "decoding": {"batch_size": 4, "max_length_a": 1.0, "max_length_b": 2},
+}
+
+TRAIN = "import sys; from tools import train; sys.argv = ['train'] + {argv!r}; train.run()"
+
+
+@contextlib.contextmanager
+def _captured_logs():
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _write_config(tmp_path, data=TINY):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_config_errors_exit_2_before_any_work(tmp_path):
+    config = _write_config(tmp_path)
+    model_dir = str(tmp_path / "run")
+    proc = run_python(TRAIN.format(argv=[f"--config={config}", f"--model_dir={model_dir}",
+                                         "--override=model.num_heads=3"]))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--override: model.num_heads: 3 does not divide model.d_model=16" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not os.path.exists(model_dir)
+    bad = dict(TINY, data={"corpus": "files"})
+    proc = run_python(TRAIN.format(argv=[f"--config={_write_config(tmp_path, bad)}",
+                                         f"--model_dir={model_dir}"]))
+    assert proc.returncode == 2 and "data.train_source: required" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_train_tool_then_exact_resume_in_process(tmp_path):
+    config_path = _write_config(tmp_path)
+    model_dir = str(tmp_path / "run")
+    proc = run_python(TRAIN.format(argv=[f"--config={config_path}", f"--model_dir={model_dir}",
+                                         "--checkpoint_data_iterator"]))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "step 4/4: loss" in proc.stderr and "eval at step 4:" in proc.stderr
+    assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-4")
+    for name in ("config.yaml", "vocab.txt", "train", "eval"):
+        assert os.path.exists(os.path.join(model_dir, name)), name
+    tags = set()
+    eval_dir = os.path.join(model_dir, "eval")
+    for f in os.listdir(eval_dir):
+        for record in tf.compat.v1.train.summary_iterator(os.path.join(eval_dir, f)):
+            tags.update(v.tag for v in record.summary.value)
+    assert {"loss", "bleu", "perplexity"} <= tags
+
+    # Continue to step 8 in this process (restoring the data iterator from the checkpoint) and
+    # compare with 8 uninterrupted steps.
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.training import Trainer
+
+    overrides = ["training.train_steps=8", "training.eval_every=0"]
+    resumed = Trainer(load_config(config_path, overrides), model_dir, checkpoint_iterator=True)
+    assert int(resumed.step.numpy()) == 4
+    with _captured_logs() as messages:
+        resumed.train()
+    assert any("Restored the training data iterator" in m for m in messages), messages
+    straight = Trainer(load_config(config_path, overrides), str(tmp_path / "straight"))
+    straight.train()
+    assert int(resumed.data_position.numpy()) == int(straight.data_position.numpy()) == 8
+    for a, b in zip(weights(resumed), weights(straight)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

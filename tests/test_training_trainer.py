@@ -1,0 +1,255 @@
+"""The training loop: learning, accumulation, exact resume after a kill, config checks."""
+
+import os
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from deep_nmt_tf.config import ConfigError
+from deep_nmt_tf.training import checkpoints, metrics, optimizers
+from deep_nmt_tf.training import losses as losses_lib
+from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class, optimizer_state,
+                                   run_python, tiny_config, weights)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained 30 steps on the copy task (module-scoped: reused by several tests)."""
+    model_dir = str(tmp_path_factory.mktemp("trained"))
+    cls = make_trainer_class(make_batches(6, batch_size=16))
+    trainer = cls(tiny_config(train_steps=30, eval_every=15, log_every=10, checkpoint_every=10,
+                              keep_checkpoints=2, learning_rate=1e-2, clip_norm=5.0,
+                              adaptive_clipping={"enabled": True}), model_dir)
+    before = trainer.evaluate(write_summaries=False)
+    logs = trainer.train()
+    return trainer, before, logs
+
+
+def test_training_reduces_loss_and_writes_outputs(trained):
+    trainer, before, logs = trained
+    assert int(trainer.step.numpy()) == 30
+    assert int(trainer.optimizer.iterations.numpy()) == 30
+    assert int(trainer.data_position.numpy()) == 30
+    assert logs["eval_loss"] < before["loss"] - 0.5, (before, logs)
+    assert logs["loss"] < before["loss"] - 0.3, (before, logs)
+    assert 0.0 <= logs["eval_bleu"] <= 100.0
+    assert logs["skipped_updates"] == 0 and logs["tokens_per_second"] > 0
+    files = os.listdir(trainer.model_dir)
+    assert "config.yaml" in files
+    assert sorted(f for f in files if f.endswith(".index")) == ["ckpt-20.index", "ckpt-30.index"]
+    # The config's gradient transforms ran (adaptive clipping first) and are checkpointed.
+    assert logs["adaptive_clip_skipped_steps"] == 0 and "grad_clipped" in logs
+    names = [n for n, _ in tf.train.list_variables(trainer.checkpoint_saver.latest_checkpoint)]
+    assert any(n.startswith("transform_0_adaptive_clipping/") for n in names)
+    for sub in ("train", "eval"):
+        assert any(f.startswith("events.out.tfevents")
+                   for f in os.listdir(os.path.join(trainer.model_dir, sub)))
+    # TensorBoard scalars were written under their names.
+    tags = set()
+    event_file = [f for f in os.listdir(os.path.join(trainer.model_dir, "train"))][0]
+    for record in tf.compat.v1.train.summary_iterator(
+            os.path.join(trainer.model_dir, "train", event_file)):
+        tags.update(v.tag for v in record.summary.value)
+    assert {"loss", "learning_rate", "grad_norm", "tokens_per_second"} <= tags
+
+
+def test_greedy_decode_incremental_equals_recomputation(trained):
+    trainer = trained[0]
+    source = tf.constant(make_batches(1, batch_size=6, seed=5)[0]["source_ids"])
+
+    class FullRecompute:  # The model without its incremental-decoding interface.
+        def __init__(self, model):
+            self.model = model
+
+        def __call__(self, inputs, training=False):
+            return self.model(inputs, training=training)
+
+    fast = metrics.greedy_decode(trainer.model, source, 9).numpy()
+    slow = metrics.greedy_decode(FullRecompute(trainer.model), source, 9).numpy()
+    np.testing.assert_array_equal(fast, slow)
+    assert fast.shape[0] == 6 and fast.shape[1] <= 9
+    assert metrics.strip_ids([5, 6, 2, 7, 0]) == [5, 6]
+
+
+def test_restore_model_weights_for_inference(trained):
+    trainer = trained[0]
+    from deep_nmt_tf.models import build_model
+
+    model = build_model(trainer.config)
+    path = checkpoints.restore_model_weights(model, trainer.model_dir)
+    assert path.endswith("ckpt-30")
+    for a, b in zip(model.variables, trainer.model.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    """2 accumulated micro-batches == 1 batch of their union (per-token normalisation)."""
+    batches = make_batches(3, batch_size=8, seed=3)
+    # Large Adam epsilon: the update is smooth in the gradient, so float round-off stays tiny.
+    common = dict(train_steps=3, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=100,
+                  weight_decay=1e-3, clip_norm=0.5)
+    one = make_trainer_class(batches, split=1)(
+        tiny_config(NO_DROPOUT, **common), str(tmp_path / "one"))
+    logs_one = []
+    one.train(hooks=[lambda t, s, logs: logs_one.append(logs)])
+    two = make_trainer_class(batches, split=2)(
+        tiny_config(NO_DROPOUT, gradient_accumulation_steps=2, **common), str(tmp_path / "two"))
+    logs_two = []
+    two.train(hooks=[lambda t, s, logs: logs_two.append(logs)])
+    assert int(two.data_position.numpy()) == 6 and int(two.optimizer.iterations.numpy()) == 3
+    for a, b in zip(logs_one, logs_two):
+        for key in ("loss", "nll", "num_tokens", "num_sentences", "grad_norm"):
+            np.testing.assert_allclose(a[key], b[key], rtol=2e-6, err_msg=key)
+    for a, b in zip(weights(one), weights(two)):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_sentence_normalisation_and_skipped_updates(tmp_path):
+    class SkipFirst(optimizers.GradientTransform):
+        """Discards the first update (as adaptive clipping would)."""
+
+        def build(self, variables):
+            self.seen = tf.Variable(0, dtype=tf.int64)
+
+        def checkpoint_items(self):
+            return {"seen": self.seen}
+
+        def __call__(self, grads, variables, stats):
+            stats["skip_update"] = tf.equal(self.seen, 0)
+            self.seen.assign_add(1)
+            return grads
+
+    cls = make_trainer_class()
+    trainer = cls(tiny_config(train_steps=1, loss_normalization="sentence"), str(tmp_path),
+                  gradient_transforms=[SkipFirst()])
+    start = weights(trainer)
+    logs = []
+    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    assert logs[0]["skipped"] == 1.0
+    assert int(trainer.skipped_updates.numpy()) == 1 and int(trainer.step.numpy()) == 1
+    assert int(trainer.optimizer.iterations.numpy()) == 0
+    trainable = {id(v) for v in trainer.model.trainable_variables}
+    for v, w in zip(trainer.model.variables, start):
+        if id(v) in trainable:
+            np.testing.assert_array_equal(v.numpy(), w)
+    # The transform's variable is checkpointed.
+    names = [n for n, _ in tf.train.list_variables(trainer.checkpoint_saver.latest_checkpoint)]
+    assert any(n.startswith("transform_0_seen") for n in names)
+    # The sentence-normalised gradient is the token-normalised one times tokens / sentences.
+    batch = cls.train_batches[0]
+    tokens = float((batch["target_output_ids"] != 0).sum())
+    sentences = float(len(batch["target_output_ids"]))
+    ref = cls(tiny_config(train_steps=1), str(tmp_path / "token"),
+              gradient_transforms=[SkipFirst()])
+    ref_logs = []
+    ref.train(hooks=[lambda t, s, l: ref_logs.append(l)])
+    np.testing.assert_allclose(logs[0]["grad_norm"],
+                               ref_logs[0]["grad_norm"] * tokens / sentences, rtol=1e-5)
+
+
+KILLED_RUN = textwrap.dedent("""
+    import os, signal
+    from test_training_helpers import make_batches, make_trainer_class, tiny_config
+
+    def kill_after_step(trainer, step, logs):
+        if step == {kill_at}:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    cls = make_trainer_class(make_batches(5, seed=11), split=2)
+    cls({config}, {model_dir!r}).train(hooks=[kill_after_step])
+    raise SystemExit("not killed")
+""")
+
+
+def test_jit_compile_gives_the_same_steps(tmp_path):
+    cls = make_trainer_class()
+    losses = {}
+    for jit in (False, True):
+        trainer = cls(tiny_config(NO_DROPOUT, train_steps=2, jit_compile=jit),
+                      str(tmp_path / str(jit)))
+        losses[jit] = []
+        trainer.train(hooks=[lambda t, s, logs: losses[jit].append(logs["loss"])])
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+
+
+def test_killed_run_resumes_exactly(tmp_path):
+    """SIGKILL after step 6 (last checkpoint: 4), resume to 8 == uninterrupted 8 steps."""
+    config = "tiny_config(train_steps=8, checkpoint_every=4, gradient_accumulation_steps=2)"
+    killed_dir = str(tmp_path / "killed")
+    proc = run_python(KILLED_RUN.format(kill_at=6, config=config, model_dir=killed_dir))
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert tf.train.latest_checkpoint(killed_dir).endswith("ckpt-4")
+
+    cls = make_trainer_class(make_batches(5, seed=11), split=2)
+    resumed = cls(eval(config), killed_dir)
+    assert int(resumed.step.numpy()) == 4 and int(resumed.data_position.numpy()) == 8
+    resumed.train()
+    straight = cls(eval(config), str(tmp_path / "straight"))
+    straight.train()
+    assert int(resumed.step.numpy()) == int(straight.step.numpy()) == 8
+    assert int(resumed.optimizer.iterations.numpy()) == 8
+    for a, b in zip(weights(resumed), weights(straight)):  # includes the dropout seed states
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    for a, b in zip(optimizer_state(resumed), optimizer_state(straight)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_changed_model_config_is_refused(tmp_path):
+    cls = make_trainer_class()
+    # (from_generator datasets cannot be checkpointed: the trainer falls back to re-reading.)
+    cls(tiny_config(train_steps=1), str(tmp_path), checkpoint_iterator=True).train()
+    with pytest.raises(ConfigError, match=r"model\.d_model: 16 -> 32.*model\.ffn_dim: 32 -> 64"):
+        cls(tiny_config({"d_model": 32, "ffn_dim": 64}, train_steps=2), str(tmp_path))
+    # Training keys may change: continue to step 2.
+    trainer = cls(tiny_config(train_steps=2, learning_rate=1e-3), str(tmp_path),
+                  checkpoint_iterator=True)
+    assert int(trainer.step.numpy()) == 1
+    trainer.train()
+    assert int(trainer.step.numpy()) == 2
+    from deep_nmt_tf.config import load_config
+
+    saved = load_config(os.path.join(str(tmp_path), "config.yaml"))
+    assert saved.training.train_steps == 2 and saved.training.learning_rate == 1e-3
+
+
+def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):
+    deep = dict(NO_DROPOUT, encoder_layers=2, transparent_attention={"enabled": True},
+                dlcl={"decoder": True}, lexical_shortcuts={"enabled": True})
+    cls = make_trainer_class()
+    trainer = cls(tiny_config(deep, train_steps=1, grad_norm_ratio_every=1, eval_every=1),
+                  str(tmp_path / "diag"))
+    # Reference: Bapna et al.'s ratio at the initial weights on the first batch.
+    batch = {k: tf.constant(v) for k, v in cls.train_batches[0].items()}
+    seed_states = [(v, v.numpy()) for v in trainer.model.non_trainable_variables]
+    with tf.GradientTape() as tape:
+        encoded = trainer.model.encode(batch["source_ids"], training=True)
+        h1, hn = encoded["layer_outputs"][1], encoded["layer_outputs"][-1]
+        logits = trainer.model.decode(encoded, batch["target_input_ids"], training=True)
+        loss = losses_lib.cross_entropy_sums(logits, batch["target_output_ids"], 0.1).loss
+    g1, gn = tape.gradient(loss, [h1, hn])
+    expected = float(tf.norm(g1) / tf.norm(gn))
+    for v, value in seed_states:  # Leave the dropout RNG as the trainer found it.
+        v.assign(value)
+    logs = []
+    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    np.testing.assert_allclose(logs[0]["grad_norm_ratio"], expected, rtol=1e-5)
+
+    # The diagnostic does not change the update.
+    plain = cls(tiny_config(deep, train_steps=1), str(tmp_path / "plain"))
+    plain.train()
+    for a, b in zip(weights(trainer), weights(plain)):
+        np.testing.assert_array_equal(a, b)
+
+    tags = {}
+    for sub in ("train", "eval"):
+        tags[sub] = set()
+        for f in os.listdir(os.path.join(trainer.model_dir, sub)):
+            for record in tf.compat.v1.train.summary_iterator(
+                    os.path.join(trainer.model_dir, sub, f)):
+                tags[sub].update(v.tag for v in record.summary.value)
+    assert {"grad_norm_ratio", "transparent_attention/decoder_layer_0/source_2",
+            "decoder_dlcl/row_1/input_0", "weights/transparent_attention",
+            "weights/decoder_dlcl"} <= tags["train"]
+    assert "gates/encoder/layer_1/self/key" in tags["eval"]

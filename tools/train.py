@@ -1,0 +1,101 @@
+r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Trainer`)::
+
+    deep-nmt-train --config=configs/demo.yaml --model_dir=runs/demo \
+        [--override=training.train_steps=3000 ...] [--strategy=mirrored] \
+        [--checkpoint_data_iterator]
+
+Running the same command again continues from the latest checkpoint in ``--model_dir``
+(a killed run resumes exactly); raise ``training.train_steps`` to train further.  A model
+config that differs from ``MODEL_DIR/config.yaml`` is refused.
+
+Strategies: ``default`` (one device), ``mirrored`` (all local GPUs), ``multi_worker``
+(``TF_CONFIG``), ``tpu`` (``--tpu=NAME``).
+
+Exit status: 0 on success, 2 for an invalid config, flag or data (the message names the file,
+line and key; no traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+_STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")  # deep_nmt_tf.training.STRATEGIES
+
+
+def _define_flags():
+    """Defines this tool's flags unless another tool in the process already did."""
+    definitions = [
+        (flags.DEFINE_string, "config", None, "YAML config file."),
+        (flags.DEFINE_string, "model_dir", None,
+         "Run directory: config.yaml, checkpoints, TensorBoard logs, vocabulary."),
+        (flags.DEFINE_multi_string, "override", [],
+         "Config override KEY=VALUE, e.g. training.train_steps=100 (repeatable)."),
+        (flags.DEFINE_string, "tpu", None, "TPU name or grpc:// address (--strategy=tpu)."),
+        (flags.DEFINE_bool, "checkpoint_data_iterator", False,
+         "Save the tf.data iterator (with its shuffle buffer) in every checkpoint, so that a "
+         "resumed run need not re-read the consumed training batches (default strategy only)."),
+    ]
+    for define, name, default, help_text in definitions:
+        if name not in FLAGS:
+            define(name, default, help_text)
+    if "strategy" not in FLAGS:
+        flags.DEFINE_enum("strategy", "default", _STRATEGIES, "tf.distribute strategy.")
+
+
+_define_flags()
+
+
+def _fail(message: str) -> None:
+    print(f"train: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: Sequence[str]) -> None:
+    """Entry point after absl parsed the flags.
+
+    Args:
+      argv: leftover positional arguments (none are accepted).
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
+    if not FLAGS.config or not FLAGS.model_dir:
+        raise app.UsageError("--config=FILE and --model_dir=DIR are required")
+
+    from deep_nmt_tf.config import ConfigError, load_config, require_training_data
+
+    # Every config problem is reported here, before TensorFlow starts or any file is written.
+    try:
+        config = load_config(FLAGS.config, FLAGS.override)
+        require_training_data(config)
+    except ConfigError as e:
+        _fail(str(e))
+
+    from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.training import Trainer, make_strategy
+
+    try:
+        strategy = make_strategy(FLAGS.strategy, tpu=FLAGS.tpu)
+    except ValueError as e:
+        _fail(f"--strategy={FLAGS.strategy}: {e}")
+    try:
+        trainer = Trainer(config, FLAGS.model_dir, strategy=strategy,
+                          checkpoint_iterator=FLAGS.checkpoint_data_iterator)
+    except (ConfigError, DataError) as e:  # E.g. a model_dir trained with another model.
+        _fail(str(e))
+    results = trainer.train()
+    if results:
+        logging.info("Done: %s", ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
+
+
+def run() -> None:
+    """Console-script entry point (``deep-nmt-train``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
