@@ -16,8 +16,9 @@ def _version():
 
 
 CONSOLE_SCRIPTS = [
-    "deep-nmt-build-vocab = deep_nmt_tf.tools.build_vocab:run",
-    "deep-nmt-train = deep_nmt_tf.tools.train:run",
+    f"deep-nmt-{name.replace('_', '-')} = deep_nmt_tf.tools.{name}:run"
+    for name in ("build_vocab", "train", "translate", "evaluate", "export",
+                 "average_checkpoints", "plot_diagnostics", "probe_layers", "benchmark")
 ]
 
 setup(

@@ -1,0 +1,68 @@
+"""Packaging invariants: console scripts, BUILD targets, README quick start and CI agree."""
+
+import ast
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _console_scripts():
+    sys.path.insert(0, ROOT)
+    try:
+        source = open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read()
+        namespace = {"__file__": os.path.join(ROOT, "setup.py")}
+        exec(source.split("setup(", 1)[0], namespace)  # the module-level definitions only
+        return namespace["CONSOLE_SCRIPTS"]
+    finally:
+        sys.path.remove(ROOT)
+
+
+def test_every_tool_is_a_console_script_with_run():
+    scripts = _console_scripts()
+    targets = {s.split("=")[1].strip() for s in scripts}
+    tools = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "tools", "*.py"))
+                   if not p.endswith("__init__.py"))
+    assert {f"deep_nmt_tf.tools.{t}:run" for t in tools} == targets
+    for target in targets:  # parsed, not imported: each tool defines its own absl flags
+        module, func = target.split(":")
+        path = os.path.join(ROOT, "tools", module.rsplit(".", 1)[1] + ".py")
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        assert func in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, path
+
+
+def test_build_lists_every_module_tool_and_test():
+    build = open(os.path.join(ROOT, "BUILD"), encoding="utf-8").read()
+    listed = set(re.findall(r'"([\w/]+\.py)"', build))
+    expected = {os.path.relpath(p, ROOT) for pattern in
+                ("deep_nmt_tf/**/*.py", "tools/*.py", "tests/test_*.py")
+                for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)}
+    expected.discard("tools/__init__.py")
+    assert not expected - listed, f"missing from BUILD: {sorted(expected - listed)}"
+    assert not listed - expected - {"tests/conftest.py", "tests/keras_test_utils.py"}, \
+        f"BUILD lists files that do not exist: {sorted(listed - expected)}"
+
+
+def test_readme_quick_start_has_two_commands_and_ci_runs_the_second():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = readme.split("## Quick start", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [l for l in block.splitlines() if l.strip() and not l.startswith("#")]
+    assert len(commands) == 2, commands
+    assert "deep-nmt-train --config=configs/demo.yaml" in commands[0]
+    ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    install, run = [c.strip() for c in commands[1].split("&&")]
+    assert install.replace("pip install", "python3 -m pip install -q") in ci
+    assert run.replace("python ", "python3 ") in ci
+
+
+def test_train_tool_documents_its_flags():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "--helpfull"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode in (0, 1), out.stderr[-2000:]  # absl exits 1 after --helpfull
+    for flag in ("--config", "--model_dir", "--override", "--strategy"):
+        assert flag in out.stdout
