@@ -268,6 +268,10 @@ class TrainingConfig:
     eval_bleu: bool = _field(True, "Compute dev BLEU (greedy decoding) at each evaluation.")
     grad_norm_ratio_every: int = _field(0, "Steps between grad-norm-ratio diagnostics (0 = off).",
                                         min=0)
+    diagnostics_every: int = _field(0, "Steps between the TensorBoard heatmaps of the mixing "
+                                    "weights (transparent attention, DLCL) and the mean "
+                                    "lexical-shortcut gates on a fixed batch (0: every "
+                                    "log_every steps).", min=0)
     jit_compile: bool = _field(False, "Compile the training step with XLA.")
 
 
