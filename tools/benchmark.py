@@ -15,8 +15,10 @@ configuration runs in its own process so peak memory is its own::
 JSON line, and the last line is a JSON list of all of them.
 
 Decoding (``--mode=decode``): generated tokens/s for greedy and beam 4 (batch 32, source 32,
-exactly 32 generated tokens), in-process and through the exported SavedModel; see
-:mod:`deep_nmt_tf.decoding.benchmark`.
+exactly 32 generated tokens), in-process and through the exported SavedModel, random weights;
+see :mod:`deep_nmt_tf.export.benchmark`.  XLA is on for decoding unless ``--nojit_compile``::
+
+    python tools/benchmark.py --mode=decode --config=base --jit_compile
 
 Presets (the peers' sizes; every preset is post-norm 6+6 unless said):
   small: d 256, ffn 1024, 4 heads;  base: d 512, ffn 2048, 8 heads;
@@ -130,12 +132,12 @@ def _train_child(name):
         params = int(sum(np.prod(v.shape) for v in trainer.model.trainable_variables))
         iterator = trainer.make_train_iterator()
         for _ in range(FLAGS.warmup):
-            float(trainer.train_step(iterator)["loss"])
+            float(trainer.train_step(iterator)["loss_sum"])
         times = []
         for _ in range(FLAGS.repeats):
             start = time.perf_counter()
             for _ in range(FLAGS.steps):
-                float(trainer.train_step(iterator)["loss"])  # synchronise every step
+                float(trainer.train_step(iterator)["loss_sum"])  # synchronise every step
             times.append(time.perf_counter() - start)
     tokens = FLAGS.steps * BATCH * (SRC_LEN + TGT_LEN)
     rates = [tokens / t for t in times]
@@ -175,9 +177,22 @@ def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if FLAGS.mode == "decode":
-        from deep_nmt_tf.decoding.benchmark import main as decode_main
+        from deep_nmt_tf.export.benchmark import benchmark_decode, format_results
 
-        return decode_main(FLAGS)
+        results = []
+        for name in FLAGS.config:
+            result = benchmark_decode(config=name, modes=("greedy", "beam4"),
+                                      paths=("translator", "saved_model"),
+                                      repeats=FLAGS.repeats, jit_compile=FLAGS.jit_compile,
+                                      threads=FLAGS.threads or None)
+            sys.stderr.write(format_results(result) + "\n")
+            print(json.dumps(result), flush=True)
+            results.append(result)
+        if FLAGS.output:
+            with open(FLAGS.output, "a", encoding="utf-8") as f:
+                for r in results:
+                    f.write(json.dumps(r) + "\n")
+        return
     if FLAGS.child:
         print(json.dumps(_train_child(FLAGS.config[0])), flush=True)
         return

@@ -11,6 +11,7 @@ __all__ = [
     "causal_bias",
     "step_bias",
     "dense",
+    "write_step",
     "NEG_INF",
 ]
 
@@ -44,6 +45,24 @@ def step_bias(step, max_length):
     """Additive bias ``[1, 1, 1, L]`` for decoding step ``step``: cache slots > step are masked."""
     j = ops.arange(max_length)
     return ops.where(j > ops.cast(step, j.dtype), NEG_INF, 0.0)[None, None, None, :]
+
+
+def write_step(buffer, update, step, axis):
+    """Returns ``buffer`` with ``update`` (size 1 along ``axis``) written at index ``step``.
+
+    The slot must still hold zeros (decoding buffers are zero-initialised and each position is
+    written once).  A masked add rather than a dynamic-update-slice: TensorFlow implements
+    ``keras.ops.slice_update`` with an XLA-only op, which TF Serving's default configuration
+    (XLA disabled) cannot run; this form is a plain graph on every backend, and XLA fuses it.
+    """
+    length = buffer.shape[axis]
+    if length is None:
+        length = ops.shape(buffer)[axis]
+    onehot = ops.cast(ops.equal(ops.arange(length, dtype="int32"), ops.cast(step, "int32")),
+                      buffer.dtype)
+    shape = [1] * len(buffer.shape)
+    shape[axis] = length
+    return buffer + ops.reshape(onehot, shape) * ops.cast(update, buffer.dtype)
 
 
 def split_heads(x, num_heads):
@@ -212,11 +231,8 @@ class MultiHeadAttention(keras.layers.Layer):
     @staticmethod
     def write_cache(cache, k, v, step):
         """Writes one step's ``[B, H, 1, dh]`` keys/values at position ``step``."""
-        step = ops.cast(step, "int32")
-        zero = ops.zeros((), "int32")
-        start = (zero, zero, step, zero)
-        return {"k": ops.slice_update(cache["k"], start, ops.cast(k, cache["k"].dtype)),
-                "v": ops.slice_update(cache["v"], start, ops.cast(v, cache["v"].dtype))}
+        return {"k": write_step(cache["k"], k, step, axis=2),
+                "v": write_step(cache["v"], v, step, axis=2)}
 
     def step(self, x, cache, step, bias, training=None):
         """One self-attention decoding step.

@@ -1,0 +1,92 @@
+"""Corpus scores of translations (sacreBLEU) and checkpoint-window statistics (no TensorFlow).
+
+Three scores, each with its sacreBLEU signature (the reproducibility string of Post 2018):
+
+* ``bleu``: sacreBLEU BLEU on detokenised text, default 13a tokenisation, case-sensitive;
+* ``chrf``: sacreBLEU chrF2 (character 6-grams, beta 2);
+* ``tok_bleu``: the papers' "tokenized BLEU" (Vaswani et al. 2017; Chen et al. 2018 report
+  ``multi-bleu.perl`` on Moses-tokenised text).  Computed here as sacreBLEU BLEU with
+  ``tokenize='intl'``: Unicode-aware splitting of punctuation and symbols from words (except
+  inside numbers), the sacreBLEU tokeniser closest to Moses' ``tokenizer.perl`` followed by
+  ``multi-bleu.perl``.  It is usually higher than ``bleu`` and is not comparable across
+  papers; report ``bleu`` with its signature as the primary number.
+
+:func:`checkpoint_window` picks the window of checkpoints over which test BLEU is averaged:
+the ``size`` consecutive checkpoints centred on the one with the best dev BLEU (shifted inwards
+at the ends of the run), as in Chen et al. (2018), who average over 21 checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Sequence, Tuple
+
+__all__ = ["TOKENIZED_BLEU_TOKENIZE", "corpus_scores", "checkpoint_window", "mean_std"]
+
+TOKENIZED_BLEU_TOKENIZE = "intl"
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
+                  tokenized_bleu_tokenize: str = TOKENIZED_BLEU_TOKENIZE) -> Dict[str, object]:
+    """sacreBLEU BLEU, chrF and tokenized BLEU of one system against one reference.
+
+    Args:
+      hypotheses: detokenised system output, one per segment.
+      references: the reference translations (same length).
+      tokenized_bleu_tokenize: sacreBLEU tokeniser of the tokenized BLEU (``intl``; ``13a``
+        or ``none`` for text that is already tokenised).
+
+    Returns:
+      dict with floats ``bleu``, ``chrf``, ``tok_bleu``, signature strings ``bleu_signature``,
+      ``chrf_signature``, ``tok_bleu_signature`` and the full score lines ``bleu_line``,
+      ``chrf_line``, ``tok_bleu_line`` (``BLEU = 27.3 58.1/33.0/... (BP = ...)``).
+
+    Raises:
+      ValueError: different numbers of hypotheses and references.
+    """
+    from sacrebleu.metrics import BLEU, CHRF
+
+    hypotheses, references = list(hypotheses), list(references)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    out: Dict[str, object] = {}
+    for key, metric in (("bleu", BLEU()), ("chrf", CHRF()),
+                        ("tok_bleu", BLEU(tokenize=tokenized_bleu_tokenize))):
+        result = metric.corpus_score(hypotheses, [references])
+        out[key] = float(result.score)
+        out[f"{key}_signature"] = str(metric.get_signature())
+        out[f"{key}_line"] = str(result)
+    return out
+
+
+def checkpoint_window(dev_scores: Sequence[float], size: int) -> Tuple[int, int, int]:
+    """The window of ``size`` consecutive checkpoints centred on the best dev score.
+
+    Args:
+      dev_scores: one score per checkpoint, in training order (higher is better).
+      size: window length (e.g. 21); clipped to ``len(dev_scores)``.
+
+    Returns:
+      ``(start, stop, best)``: the window is ``dev_scores[start:stop]``; ``best`` is the index
+      of the best dev score (the first one on ties).
+    """
+    n = len(dev_scores)
+    if n == 0:
+        raise ValueError("no checkpoints")
+    size = max(1, min(int(size), n))
+    best = max(range(n), key=lambda i: (dev_scores[i], -i))
+    start = best - (size - 1) // 2
+    start = max(0, min(start, n - size))
+    return start, start + size, best
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    """Mean and sample standard deviation (``ddof=1``; 0 for a single value)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no values")
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var)

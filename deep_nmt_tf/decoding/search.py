@@ -1,0 +1,338 @@
+"""Greedy and batched beam search over the decoder-state interface (``keras.ops`` only).
+
+The search talks to a model only through the three methods of ``docs/DESIGN.md``::
+
+    encoded = model.encode(source_ids, training=False)
+    state = model.init_decoder_state(encoded, max_length)
+    logits, state = model.decode_step(token_ids, step, state)
+
+and relies on one property of the state: every leaf has the batch as dimension 0 and keeps its
+shape from step to step.  Beam search therefore repeats every leaf ``beam_size`` times along
+dim 0 (after running the encoder and ``init_decoder_state`` once per source sentence) and
+reorders the leaves with a gather along dim 0 after each step.  Leaves that ``decode_step``
+passes through unchanged (the same tensor object comes back, e.g. encoder-decoder keys and
+values) are never reordered: they still hold the tiled initial value, which is identical for
+all beams of a sentence, so a gather would be a no-op.
+
+Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, masked buffer writes) and
+static shapes, so the same code runs eagerly, inside ``tf.function`` (with or without
+``jit_compile``), in an exported SavedModel and under ``jax.jit``.
+
+Conventions
+-----------
+* Output length.  Sentence ``i`` may generate at most ``floor(a * n_i + b)`` tokens, ``n_i``
+  its source length (tokens other than ``PAD_ID`` and ``EOS_ID``), ``a = max_length_a``,
+  ``b = max_length_b``; a hypothesis that reaches this length without ``EOS`` ends there.  The
+  buffers hold ``max_length`` positions: by default ``floor(a * S + b)`` with ``S`` the padded
+  source width, which bounds every sentence's limit.
+* Scores.  ``log_probs`` is the sum of the token log-probabilities of a hypothesis (``EOS``
+  included when it was produced); ``scores`` divides it by the GNMT length penalty
+  (Wu et al. 2016, Eq. 14) ``lp(len) = ((5 + len) / 6) ** alpha``, where ``len`` counts the
+  generated tokens including the ``EOS``.  ``alpha = 0`` ranks by the raw log-probability.
+* Finished hypotheses stay in the beam (as in OpenNMT-tf and Sockeye): at every step the
+  ``beam_size * vocab`` extensions of the live hypotheses and the finished hypotheses (each as
+  one candidate with its final score) compete on their length-penalised score.  A sentence is
+  done when all its ``beam_size`` hypotheses have finished; the loop stops when every sentence
+  is done or ``max_length`` steps have run.  Beam size 1 is exactly greedy search.
+* ``PAD_ID`` and ``BOS_ID`` are never generated; ``EOS_ID`` is banned while fewer than
+  ``min_length`` tokens have been generated (``min_length = max_length`` gives fixed-length
+  outputs, as the speed benchmarks use).
+* Outputs.  ``ids`` ``[B, N, L]`` int32 hold the generated tokens without ``EOS``, padded with
+  ``PAD_ID``; ``lengths`` ``[B, N]`` count those tokens; ``scores`` / ``log_probs`` ``[B, N]``
+  float32; hypotheses are sorted best first (``N = n_best``; greedy gives ``N = 1``).
+
+Example (any backend)::
+
+    from deep_nmt_tf.decoding import beam_search
+    out = beam_search(model, source_ids, beam_size=4, length_penalty=0.6, n_best=2)
+    out["ids"][0, 0]   # the best translation of sentence 0
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Union
+
+import numpy as np
+import keras
+from keras import ops
+
+from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
+from deep_nmt_tf.layers.attention import write_step
+
+__all__ = [
+    "gnmt_length_penalty",
+    "source_lengths",
+    "output_length_limits",
+    "max_output_length",
+    "greedy_search",
+    "beam_search",
+    "search",
+]
+
+# Score of the beams that do not exist yet at step 0 (all beams of a sentence start from BOS;
+# only beam 0 is live).  Finite, so that nothing becomes NaN.
+_DEAD_BEAM = -1.0e9
+_MASKED = float("-inf")
+
+Number = Union[int, float]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def gnmt_length_penalty(lengths, alpha):
+    """GNMT length penalty ``((5 + len) / 6) ** alpha`` (float32, same shape as ``lengths``)."""
+    lengths = ops.cast(lengths, "float32")
+    if isinstance(alpha, (int, float)) and alpha == 0:
+        return ops.ones_like(lengths)
+    return ops.power((5.0 + lengths) / 6.0, ops.cast(alpha, "float32"))
+
+
+def source_lengths(source_ids):
+    """Source lengths ``[B]`` int32: tokens that are neither ``PAD_ID`` nor ``EOS_ID``."""
+    real = ops.logical_and(ops.not_equal(source_ids, PAD_ID), ops.not_equal(source_ids, EOS_ID))
+    return ops.sum(ops.cast(real, "int32"), axis=1)
+
+
+def output_length_limits(source_ids, max_length_a: float, max_length_b: Number):
+    """Per-sentence output length limits ``floor(a * n + b)`` ``[B]`` int32 (float32 maths)."""
+    n = ops.cast(source_lengths(source_ids), "float32")
+    limit = ops.floor(float(max_length_a) * n + float(max_length_b))
+    return ops.cast(limit, "int32")
+
+
+def max_output_length(source_ids, max_length_a: float, max_length_b: Number):
+    """``floor(a * S + b)`` for the padded width ``S`` of ``source_ids``.
+
+    A Python int when ``S`` is static (always under JAX), else an int32 scalar tensor; either
+    way it bounds :func:`output_length_limits`.
+    """
+    width = ops.shape(source_ids)[1]
+    if isinstance(width, (int, np.integer)):
+        value = np.floor(np.float32(max_length_a) * np.float32(width) +
+                         np.float32(max_length_b))
+        return int(value)
+    limit = ops.floor(float(max_length_a) * ops.cast(width, "float32") + float(max_length_b))
+    return ops.cast(limit, "int32")
+
+
+def _is_static_int(x) -> bool:
+    return isinstance(x, (int, np.integer))
+
+
+def _token_bias(vocab_size: int, step, min_length):
+    """Additive ``[V]`` log-prob bias: PAD and BOS never, EOS not before ``min_length``."""
+    v = ops.arange(vocab_size, dtype="int32")
+    banned = ops.logical_or(ops.equal(v, PAD_ID), ops.equal(v, BOS_ID))
+    if not (_is_static_int(min_length) and min_length <= 0):
+        too_short = ops.less(ops.cast(step, "int32"), ops.cast(min_length, "int32"))
+        banned = ops.logical_or(banned, ops.logical_and(ops.equal(v, EOS_ID), too_short))
+    return ops.where(banned, _MASKED, 0.0)
+
+
+def _finalize_ids(ids):
+    """Generated ids ``[..., L]`` with ``EOS`` replaced by ``PAD_ID``; lengths ``[...]``."""
+    ids = ops.where(ops.equal(ids, EOS_ID), PAD_ID, ids)
+    lengths = ops.sum(ops.cast(ops.not_equal(ids, PAD_ID), "int32"), axis=-1)
+    return ops.cast(ids, "int32"), lengths
+
+
+def _prepare(model, source_ids, max_length_a, max_length_b, max_length):
+    source_ids = ops.cast(ops.convert_to_tensor(source_ids), "int32")
+    if max_length is None:
+        max_length = max_output_length(source_ids, max_length_a, max_length_b)
+    limits = output_length_limits(source_ids, max_length_a, max_length_b)
+    limits = ops.minimum(limits, ops.cast(max_length, "int32"))
+    encoded = model.encode(source_ids, training=False)
+    state = model.init_decoder_state(encoded, max_length)
+    return source_ids, max_length, limits, state
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy search
+# ---------------------------------------------------------------------------------------------
+
+
+def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b: Number = 10,
+                  max_length=None, min_length=0, length_penalty=0.0) -> Dict[str, Any]:
+    """Greedy (arg-max) decoding.
+
+    Args:
+      model: a model with ``encode`` / ``init_decoder_state`` / ``decode_step``.
+      source_ids: int ``[B, S]`` source ids (tokens then ``EOS_ID``, padded with ``PAD_ID``).
+      max_length_a, max_length_b: per-sentence output limit ``floor(a * n + b)``.
+      max_length: buffer size and loop bound (Python int or int32 scalar); default
+        :func:`max_output_length`.
+      min_length: ``EOS`` is banned while fewer tokens have been generated (int or scalar).
+      length_penalty: alpha of the reported ``scores`` (the search itself ignores it).
+
+    Returns:
+      dict ``ids`` ``[B, 1, L]``, ``lengths`` ``[B, 1]``, ``scores`` ``[B, 1]``,
+      ``log_probs`` ``[B, 1]`` (module docstring).
+    """
+    source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
+                                                     max_length_b, max_length)
+    batch = ops.shape(source_ids)[0]
+    tokens = ops.full((batch,), BOS_ID, "int32")
+    ids = ops.zeros((batch, max_length), "int32")
+    lengths = ops.zeros((batch,), "int32")
+    log_probs = ops.zeros((batch,), "float32")
+    finished = ops.less_equal(limits, 0)
+    step = ops.convert_to_tensor(0, "int32")
+
+    def cond(step, tokens, ids, lengths, log_probs, finished, state):
+        return ops.logical_and(ops.less(step, max_length),
+                               ops.logical_not(ops.all(finished)))
+
+    def body(step, tokens, ids, lengths, log_probs, finished, state):
+        logits, new_state = model.decode_step(tokens, step, state)
+        vocab_size = logits.shape[-1]
+        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        logp = logp + _token_bias(vocab_size, step, min_length)[None, :]
+        next_ids = ops.cast(ops.argmax(logp, axis=-1), "int32")
+        token_logp = ops.take_along_axis(logp, next_ids[:, None], axis=1)[:, 0]
+        next_ids = ops.where(finished, PAD_ID, next_ids)
+        log_probs = log_probs + ops.where(finished, 0.0, token_logp)
+        lengths = lengths + ops.cast(ops.logical_not(finished), "int32")
+        ids = write_step(ids, next_ids[:, None], step, axis=1)
+        finished = ops.logical_or(
+            finished, ops.logical_or(ops.equal(next_ids, EOS_ID),
+                                     ops.greater_equal(lengths, limits)))
+        return step + 1, next_ids, ids, lengths, log_probs, finished, new_state
+
+    _, _, ids, lengths, log_probs, _, _ = ops.while_loop(
+        cond, body, (step, tokens, ids, lengths, log_probs, finished, state))
+    scores = log_probs / gnmt_length_penalty(lengths, length_penalty)
+    ids, out_lengths = _finalize_ids(ids)
+    return {"ids": ids[:, None, :], "lengths": out_lengths[:, None],
+            "scores": scores[:, None], "log_probs": log_probs[:, None]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam search
+# ---------------------------------------------------------------------------------------------
+
+
+def _tile(x, beam_size):
+    """``[B, ...]`` -> ``[B * K, ...]``, each row repeated ``K`` times (beams of a sentence
+    are adjacent)."""
+    if _is_static_int(beam_size) and beam_size == 1:
+        return x
+    return ops.repeat(x, beam_size, axis=0)
+
+
+def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: int = 1,
+                max_length_a: float = 1.5, max_length_b: Number = 10, max_length=None,
+                min_length=0) -> Dict[str, Any]:
+    """Batched beam search with the GNMT length penalty.
+
+    Args:
+      model: a model with ``encode`` / ``init_decoder_state`` / ``decode_step``.
+      source_ids: int ``[B, S]``.
+      beam_size: K (Python int; on the TensorFlow backend also an int32 scalar tensor).
+      length_penalty: alpha (float or float32 scalar).
+      n_best: hypotheses returned per sentence (Python int, clipped to ``beam_size``).
+      max_length_a, max_length_b, max_length, min_length: as :func:`greedy_search`.
+
+    Returns:
+      dict ``ids`` ``[B, N, L]``, ``lengths`` ``[B, N]``, ``scores`` ``[B, N]``,
+      ``log_probs`` ``[B, N]``, best first (module docstring).
+    """
+    source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
+                                                     max_length_b, max_length)
+    k = beam_size
+    if _is_static_int(k):
+        if k < 1:
+            raise ValueError(f"beam_size must be >= 1, got {k}")
+        n_best = min(int(n_best), int(k))
+    else:
+        k = ops.cast(k, "int32")
+    if n_best < 1:
+        raise ValueError(f"n_best must be >= 1, got {n_best}")
+    batch = ops.shape(source_ids)[0]
+    rows = batch * k
+    state = keras.tree.map_structure(lambda x: _tile(x, k), state)
+    limits = _tile(limits, k)
+    beam_index = ops.tile(ops.arange(k, dtype="int32"), (batch,))  # [B*K]
+    log_probs = ops.where(ops.equal(beam_index, 0), 0.0, _DEAD_BEAM)
+    log_probs = ops.cast(log_probs, "float32")
+    tokens = ops.full((rows,), BOS_ID, "int32")
+    ids = ops.zeros((rows, max_length), "int32")
+    lengths = ops.zeros((rows,), "int32")
+    finished = ops.less_equal(limits, 0)
+    # First row of every sentence's beam block: gather offsets.
+    offsets = ops.repeat(ops.arange(batch, dtype="int32") * k, k, axis=0)  # [B*K]
+    step = ops.convert_to_tensor(0, "int32")
+
+    def cond(step, tokens, ids, lengths, log_probs, finished, state):
+        return ops.logical_and(ops.less(step, max_length),
+                               ops.logical_not(ops.all(finished)))
+
+    def body(step, tokens, ids, lengths, log_probs, finished, state):
+        logits, new_state = model.decode_step(tokens, step, state)
+        vocab_size = logits.shape[-1]
+        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        logp = logp + _token_bias(vocab_size, step, min_length)[None, :]
+        # Live beams: every extension, normalised by the new length.
+        cand_logp = log_probs[:, None] + logp                                   # [BK, V]
+        cand_score = cand_logp / gnmt_length_penalty(lengths + 1, length_penalty)[:, None]
+        # Finished beams: one candidate (column 0) with their final score.
+        first_col = ops.equal(ops.arange(vocab_size, dtype="int32"), 0)[None, :]
+        final_score = log_probs / gnmt_length_penalty(lengths, length_penalty)
+        fin_score = ops.where(first_col, final_score[:, None], _MASKED)
+        done = finished[:, None]
+        cand_score = ops.where(done, fin_score, cand_score)
+        cand_logp = ops.where(done, log_probs[:, None], cand_logp)
+        # Best K of the K * V candidates of each sentence.
+        flat_score = ops.reshape(cand_score, (batch, k * vocab_size))
+        _, top = ops.top_k(flat_score, k)                                       # [B, K]
+        top = ops.cast(top, "int32")
+        flat_logp = ops.reshape(cand_logp, (batch, k * vocab_size))
+        log_probs = ops.reshape(ops.take_along_axis(flat_logp, top, axis=1), (rows,))
+        top = ops.reshape(top, (rows,))
+        origin = top // vocab_size + offsets                                    # [BK]
+        token = top % vocab_size
+        was_finished = ops.take(finished, origin, axis=0)
+        lengths = ops.take(lengths, origin, axis=0) + ops.cast(
+            ops.logical_not(was_finished), "int32")
+        token = ops.where(was_finished, PAD_ID, token)
+        finished = ops.logical_or(was_finished, ops.logical_or(
+            ops.equal(token, EOS_ID), ops.greater_equal(lengths, limits)))
+        ids = ops.take(ids, origin, axis=0)
+        ids = write_step(ids, token[:, None], step, axis=1)
+        new_state = keras.tree.map_structure(
+            lambda old, new: new if new is old else ops.take(new, origin, axis=0),
+            state, new_state)
+        return step + 1, token, ids, lengths, log_probs, finished, new_state
+
+    _, _, ids, lengths, log_probs, _, _ = ops.while_loop(
+        cond, body, (step, tokens, ids, lengths, log_probs, finished, state))
+
+    # Sort each sentence's beams by final score (already sorted when the loop ran to the end
+    # of every hypothesis, but cheap) and keep the n best.
+    scores = log_probs / gnmt_length_penalty(lengths, length_penalty)
+    scores = ops.reshape(scores, (batch, k))
+    best_scores, order = ops.top_k(scores, n_best)                              # [B, N]
+    order = ops.cast(order, "int32")
+    log_probs = ops.take_along_axis(ops.reshape(log_probs, (batch, k)), order, axis=1)
+    ids = ops.reshape(ids, (batch, k, max_length))
+    ids = ops.take_along_axis(ids, order[:, :, None], axis=1)
+    ids, out_lengths = _finalize_ids(ids)
+    return {"ids": ids, "lengths": out_lengths, "scores": best_scores, "log_probs": log_probs}
+
+
+def search(model, source_ids, *, beam_size=1, length_penalty=0.6, n_best: int = 1,
+           max_length_a: float = 1.5, max_length_b: Number = 10, max_length=None,
+           min_length=0) -> Dict[str, Any]:
+    """Greedy search for a static ``beam_size`` of 1, else :func:`beam_search`.
+
+    Both return the same structure (and, for beam 1, the same values).
+    """
+    common = dict(max_length_a=max_length_a, max_length_b=max_length_b,
+                  max_length=max_length, min_length=min_length)
+    if _is_static_int(beam_size) and beam_size == 1:
+        return greedy_search(model, source_ids, length_penalty=length_penalty, **common)
+    return beam_search(model, source_ids, beam_size=beam_size, length_penalty=length_penalty,
+                       n_best=n_best, **common)

@@ -1,0 +1,34 @@
+"""TensorFlow-side translation and SavedModel export (TF Serving).
+
+* :mod:`deep_nmt_tf.export.translator`: :class:`TranslationModule` (tokenizer + model + compiled
+  search as ``tf.function`` s) and :class:`Translator` (model directories, length-sorted
+  batching, n-best lists);
+* :mod:`deep_nmt_tf.export.saved_model`: ``export_saved_model`` / ``export_model_dir`` write
+  ``EXPORT_DIR/<version>/`` with ``serving_default``, ``translate_with_options`` and
+  ``translate_ids`` signatures;
+* :mod:`deep_nmt_tf.export.averaging`: ``average_checkpoints`` (``tools/average_checkpoints.py``);
+* :mod:`deep_nmt_tf.export.benchmark`: ``benchmark_decode`` (``tools/benchmark.py --mode
+  decode``).
+
+Scoring (sacreBLEU, checkpoint windows) is TensorFlow-free: :mod:`deep_nmt_tf.decoding.scoring`.
+"""
+
+from deep_nmt_tf.export.saved_model import (SIGNATURES, export_model_dir, export_saved_model,
+                                            load_saved_model, next_version)
+from deep_nmt_tf.export.translator import (Hypothesis, TranslationModule, Translator,
+                                           list_checkpoints, load_model_dir_config,
+                                           restore_model)
+
+__all__ = [
+    "SIGNATURES",
+    "export_model_dir",
+    "export_saved_model",
+    "load_saved_model",
+    "next_version",
+    "Hypothesis",
+    "TranslationModule",
+    "Translator",
+    "list_checkpoints",
+    "load_model_dir_config",
+    "restore_model",
+]

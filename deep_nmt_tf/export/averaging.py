@@ -1,0 +1,108 @@
+"""Checkpoint averaging (Wang et al. 2019 average the last 5 checkpoints).
+
+:func:`average_checkpoints` restores each checkpoint's model variables into one model, averages
+the floating-point ones (in float64, cast back) and writes a new model directory:
+``config.yaml`` (``data.vocab`` pointing at the copied vocabulary), ``vocab.txt`` and one
+model-only checkpoint in the trainer's layout (``deep_nmt_tf.training.checkpoints.
+model_checkpoint``) numbered with the newest averaged step, managed by
+``tf.train.CheckpointManager`` (so ``tf.train.latest_checkpoint`` finds it).  Optimizer slots
+and training counters are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from deep_nmt_tf.config import save_config
+from deep_nmt_tf.export.translator import (CONFIG_FILENAME, VOCAB_FILENAME, _checkpoint_step,
+                                           list_checkpoints, load_model_dir_config,
+                                           resolve_vocab_path, restore_model)
+
+__all__ = ["average_checkpoints", "average_model_variables"]
+
+
+def _is_float(variable) -> bool:
+    return tf.as_dtype(variable.dtype).is_floating
+
+
+def average_model_variables(model, checkpoints: Sequence[str]) -> None:
+    """Sets ``model``'s floating-point variables to their mean over ``checkpoints``.
+
+    Non-float variables keep the value of the last checkpoint.
+    """
+    if not checkpoints:
+        raise ValueError("no checkpoints to average")
+    variables = list(model.variables)
+    sums: List[Optional[np.ndarray]] = [None] * len(variables)
+    for path in checkpoints:
+        restore_model(model, path)
+        for i, v in enumerate(variables):
+            if _is_float(v):
+                value = np.asarray(v.numpy(), np.float64)
+                sums[i] = value if sums[i] is None else sums[i] + value
+    for v, total in zip(variables, sums):
+        if total is not None:
+            v.assign((total / len(checkpoints)).astype(tf.as_dtype(v.dtype).as_numpy_dtype))
+
+
+def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
+                        checkpoints: Optional[Sequence[str]] = None) -> str:
+    """Averages the ``last`` newest checkpoints of ``model_dir`` into ``output_dir``.
+
+    Args:
+      model_dir: trainer output (``config.yaml``, vocabulary, checkpoints).
+      output_dir: new model directory (created; must not be ``model_dir``).
+      last: number of newest checkpoints to average.
+      checkpoints: explicit checkpoint prefixes instead of ``last``.
+
+    Returns:
+      The path of the written checkpoint.
+    """
+    from deep_nmt_tf.models import build_model
+
+    if os.path.abspath(output_dir) == os.path.abspath(model_dir):
+        raise ValueError("--output must differ from --model_dir")
+    config = load_model_dir_config(model_dir)
+    if checkpoints is None:
+        available = list_checkpoints(model_dir)
+        if not available:
+            raise FileNotFoundError(f"no checkpoints in {model_dir}")
+        if last < 1:
+            raise ValueError(f"--last must be >= 1, got {last}")
+        if len(available) < last:
+            logging.warning("%s has %d checkpoints; averaging all of them (asked for %d)",
+                            model_dir, len(available), last)
+        checkpoints = available[-last:]
+    checkpoints = list(checkpoints)
+    for path in checkpoints:
+        if not tf.io.gfile.exists(path + ".index"):
+            raise FileNotFoundError(f"{path}: no such checkpoint")
+    logging.info("Averaging %d checkpoints: %s", len(checkpoints), ", ".join(checkpoints))
+    model = build_model(config)
+    average_model_variables(model, checkpoints)
+
+    tf.io.gfile.makedirs(output_dir)
+    vocab_src = resolve_vocab_path(config, model_dir)
+    vocab_dst = os.path.join(output_dir, VOCAB_FILENAME)
+    if os.path.abspath(vocab_src) != os.path.abspath(vocab_dst):
+        shutil.copyfile(vocab_src, vocab_dst)
+    config = dataclasses.replace(config, data=dataclasses.replace(
+        config.data, vocab=os.path.abspath(vocab_dst)))
+    save_config(config, os.path.join(output_dir, CONFIG_FILENAME))
+    step = max(_checkpoint_step(p) for p in checkpoints)
+    from deep_nmt_tf.training.checkpoints import model_checkpoint
+
+    manager = tf.train.CheckpointManager(model_checkpoint(model), output_dir, max_to_keep=None)
+    path = manager.save(checkpoint_number=max(step, 0))
+    with open(os.path.join(output_dir, "averaged_checkpoints.txt"), "w",
+              encoding="utf-8") as f:
+        f.writelines(p + "\n" for p in checkpoints)
+    logging.info("Wrote the average of %d checkpoints to %s", len(checkpoints), path)
+    return path

@@ -1,0 +1,142 @@
+"""SavedModel export for TensorFlow Serving: raw text in, translations out.
+
+``export_saved_model`` writes ``EXPORT_DIR/<version>/`` (the layout TF Serving watches: a
+directory of integer versions, the highest one served) with three signatures:
+
+``serving_default``
+    inputs ``text``: ``[B]`` string (UTF-8 source sentences);
+    outputs ``translations`` ``[B]`` string, ``scores`` ``[B]`` float32 (length-penalised
+    log-probability), ``nbest_translations`` ``[B, N]`` string, ``nbest_scores`` ``[B, N]``
+    float32 (``N = decoding.n_best``).  Beam size, length penalty and length limits are the
+    config's ``decoding`` section at export time.
+``translate_with_options``
+    inputs ``text`` ``[B]`` string, ``beam_size`` int32 scalar (clipped to ``[1, 64]``),
+    ``length_penalty`` float32 scalar; outputs ``translations`` ``[B]``, ``scores`` ``[B]``.
+``translate_ids``
+    input ``source_ids`` ``[B, S]`` int32 (WordPiece ids, right-padded with 0; ``<s>``/``</s>``
+    are ignored, ids outside the vocabulary read as ``[UNK]``); outputs ``ids`` ``[B, N, L]``
+    int32 (without ``</s>``, padded with 0), ``lengths`` ``[B, N]``, ``scores`` ``[B, N]``,
+    ``log_probs`` ``[B, N]``.
+
+Tokenisation and detokenisation are tensorflow-text ops inside the graph, so a client only
+needs ``import tensorflow, tensorflow_text`` (the ops must be registered before loading):
+
+    import tensorflow as tf, tensorflow_text  # noqa: F401
+    m = tf.saved_model.load("export/1")
+    m.signatures["serving_default"](text=tf.constant(["Hello."]))["translations"]
+
+Empty, whitespace-only and over-long inputs (truncated to ``decoding.max_input_length``
+tokens) give a possibly empty translation, never an error.  With ``jit_compile`` (default) the
+search is an XLA cluster: TF Serving must run with ``--xla_cpu_compilation_enabled=true``
+(``docs/SERVING.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from typing import Optional, Sequence
+
+import tensorflow as tf
+from absl import logging
+
+from deep_nmt_tf.config import save_config
+from deep_nmt_tf.export.translator import TranslationModule, Translator
+
+__all__ = ["SIGNATURES", "next_version", "export_saved_model", "export_model_dir",
+           "load_saved_model"]
+
+SIGNATURES = ("serving_default", "translate_with_options", "translate_ids")
+
+
+def next_version(export_dir: str) -> int:
+    """1 + the largest integer version under ``export_dir`` (1 if there is none)."""
+    if not tf.io.gfile.isdir(export_dir):
+        return 1
+    versions = [int(n) for n in tf.io.gfile.listdir(export_dir)
+                if re.fullmatch(r"\d+", n.rstrip("/"))]
+    return max(versions, default=0) + 1
+
+
+def export_saved_model(module: TranslationModule, export_dir: str,
+                       version: Optional[int] = None, overwrite: bool = False,
+                       config=None) -> str:
+    """Writes ``module`` as ``EXPORT_DIR/<version>/`` (module docstring).
+
+    The SavedModel is written to a temporary sibling directory and renamed into place, so a
+    TF Serving instance watching ``export_dir`` never sees a half-written version.
+
+    Args:
+      module: a :class:`~deep_nmt_tf.export.translator.TranslationModule` (with restored
+        weights).
+      export_dir: the base directory.
+      version: integer version (default :func:`next_version`).
+      overwrite: replace an existing version directory.
+      config: the model's config, saved as ``assets.extra/config.yaml`` for reference.
+
+    Returns:
+      The version directory.
+    """
+    if version is None:
+        version = next_version(export_dir)
+    version = int(version)
+    if version < 0:
+        raise ValueError(f"version must be a non-negative integer, got {version}")
+    target = os.path.join(export_dir, str(version))
+    if tf.io.gfile.exists(target):
+        if not overwrite:
+            raise FileExistsError(f"{target} exists (pass overwrite=True / --overwrite, or "
+                                  "another --version)")
+    tf.io.gfile.makedirs(export_dir)
+    signatures = {
+        "serving_default": module.translate_text,
+        "translate_with_options": module.translate_text_with_options,
+        "translate_ids": module.translate_ids,
+    }
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=export_dir)
+    try:
+        tf.saved_model.save(module, tmp, signatures=signatures)
+        if config is not None:
+            save_config(config, os.path.join(tmp, "assets.extra", "config.yaml"))
+        if tf.io.gfile.exists(target):
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logging.info("Exported SavedModel to %s (signatures: %s)", target, ", ".join(signatures))
+    return target
+
+
+def export_model_dir(model_dir: str, export_dir: str, checkpoint: Optional[str] = None,
+                     version: Optional[int] = None, overrides: Sequence[str] = (),
+                     jit_compile: bool = True, overwrite: bool = False) -> str:
+    """Loads a model directory (config, vocabulary, checkpoint) and exports it.
+
+    Args:
+      model_dir: trainer (or average_checkpoints) output directory.
+      export_dir: base export directory; the SavedModel goes to ``export_dir/<version>``.
+      checkpoint: checkpoint prefix (default: the latest of ``model_dir``).
+      version: integer version (default: next free).
+      overrides: config overrides, e.g. ``decoding.beam_size=8`` (baked into
+        ``serving_default``).
+      jit_compile: compile the search with XLA (faster; TF Serving then needs
+        ``--xla_cpu_compilation_enabled=true``).
+      overwrite: replace an existing version.
+
+    Returns:
+      The version directory.
+    """
+    translator = Translator.from_model_dir(model_dir, checkpoint=checkpoint,
+                                           overrides=overrides, jit_compile=jit_compile)
+    return export_saved_model(translator.module, export_dir, version=version,
+                              overwrite=overwrite, config=translator.config)
+
+
+def load_saved_model(path: str):
+    """``tf.saved_model.load`` after registering the tensorflow-text ops."""
+    import tensorflow_text  # noqa: F401  (registers the ops the graph uses)
+
+    return tf.saved_model.load(path)

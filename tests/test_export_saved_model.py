@@ -1,0 +1,167 @@
+"""SavedModel export: fresh-process reload without deep_nmt_tf, saved_model_cli, bad inputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from deep_nmt_tf.export import Translator, export_saved_model, next_version
+from test_decoding_helpers import trained_model_dir
+
+BAD_INPUTS = ["", "   ", "\t \u3000 ", " ".join(["word"] * 400), "😀 <s> </s> <pad> [UNK] ##",
+              "a\x00b", "\u200b"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model_dir = trained_model_dir(tmp_path_factory)
+    translator = Translator.from_model_dir(model_dir)
+    export_dir = str(tmp_path_factory.mktemp("export"))
+    path = export_saved_model(translator.module, export_dir, config=translator.config)
+    with open(translator.config.data.test_source, encoding="utf-8") as f:
+        sentences = [line.rstrip("\n") for line in f][:10]
+    return translator, export_dir, path, sentences
+
+
+def test_export_layout(exported):
+    translator, export_dir, path, _ = exported
+    assert path == os.path.join(export_dir, "1")
+    assert os.path.exists(os.path.join(path, "saved_model.pb"))
+    assert os.path.exists(os.path.join(path, "assets.extra", "config.yaml"))
+    assert next_version(export_dir) == 2
+    assert not [n for n in os.listdir(export_dir) if n.startswith(".tmp")]
+    with pytest.raises(FileExistsError):
+        export_saved_model(translator.module, export_dir, version=1)
+
+
+_FRESH = r'''
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (registers the ops)
+m = tf.saved_model.load(sys.argv[1])
+batch, bad = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+serve = m.signatures["serving_default"]
+out = serve(text=tf.constant(batch))
+res = {"translations": [t.decode("utf-8") for t in out["translations"].numpy()],
+       "scores": out["scores"].numpy().tolist(),
+       "nbest": [[t.decode("utf-8") for t in row] for row in out["nbest_translations"].numpy()],
+       "nbest_scores": out["nbest_scores"].numpy().tolist()}
+bad_out = serve(text=tf.constant(bad))
+res["bad"] = [t.decode("utf-8") for t in bad_out["translations"].numpy()]
+res["empty_batch"] = serve(text=tf.constant([], tf.string))["translations"].shape.as_list()
+opts = m.signatures["translate_with_options"](text=tf.constant(batch[:3]),
+                                               beam_size=tf.constant(1),
+                                               length_penalty=tf.constant(0.0))
+res["options"] = [t.decode("utf-8") for t in opts["translations"].numpy()]
+ids = m.signatures["translate_ids"](source_ids=tf.constant(
+    [[5, 6, 7, 0], [0, 0, 0, 0], [2, 1, 99999, -5]], tf.int32))
+res["ids_lengths"] = ids["lengths"].numpy().tolist()
+res["ids_shape"] = ids["ids"].shape.as_list()
+res["modules"] = sorted(k for k in sys.modules if k.split(".")[0] == "deep_nmt_tf")
+print("RESULT" + json.dumps(res))
+'''
+
+
+@pytest.fixture(scope="module")
+def fresh_results(exported):
+    _, _, path, sentences = exported
+    proc = subprocess.run([sys.executable, "-c", _FRESH, path, json.dumps(sentences),
+                           json.dumps(BAD_INPUTS)], cwd="/", capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    return json.loads(line[len("RESULT"):])
+
+
+def test_fresh_process_without_deep_nmt_tf_matches_translator(exported, fresh_results):
+    translator, _, _, sentences = exported
+    assert fresh_results["modules"] == []
+    local = translator.translate_batch(sentences)
+    assert fresh_results["translations"] == [t.decode("utf-8") for t in local["translations"]]
+    np.testing.assert_allclose(fresh_results["scores"], local["scores"], rtol=1e-6, atol=1e-6)
+    assert fresh_results["nbest"] == [[t.decode("utf-8") for t in row]
+                                      for row in local["nbest_translations"]]
+    np.testing.assert_allclose(fresh_results["nbest_scores"], local["nbest_scores"], atol=1e-6)
+    # The host-side path (length-sorted batches) gives the same translations.
+    hyps = translator.translate(sentences, batch_size=4)
+    assert [h[0].text for h in hyps] == fresh_results["translations"]
+    assert [h.text for h in hyps[0]] == fresh_results["nbest"][0]
+
+
+def test_bad_inputs_do_not_crash_and_output_is_bounded(exported, fresh_results):
+    translator, _, _, _ = exported
+    assert len(fresh_results["bad"]) == len(BAD_INPUTS)
+    assert fresh_results["empty_batch"] == [0]
+    d = translator.config.decoding
+    bound = int(d.max_length_a * (d.max_input_length + 8) + d.max_length_b)
+    out = translator.module.translate_ids(tf.constant([[7] * 500, [0] * 500], tf.int32))
+    assert out["ids"].shape[-1] <= bound
+    assert (out["lengths"].numpy() <= bound).all()
+    # ids outside the vocabulary, <s>, </s> and padding are tolerated.
+    assert fresh_results["ids_shape"][:2] == [3, d.n_best]
+    assert len(fresh_results["ids_lengths"]) == 3
+
+
+def test_translate_with_options_signature(exported, fresh_results):
+    translator, _, _, sentences = exported
+    greedy = translator.translate(sentences[:3], beam_size=1, length_penalty=0.0)
+    assert fresh_results["options"] == [h[0].text for h in greedy]
+
+
+def _clean_env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def test_saved_model_cli_show(exported):
+    path = exported[2]
+    proc = subprocess.run(["saved_model_cli", "show", "--dir", path, "--all"],
+                          capture_output=True, text=True, timeout=300, env=_clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("serving_default", "translate_with_options", "translate_ids",
+                 "inputs['text']", "outputs['translations']", "outputs['scores']",
+                 "inputs['beam_size']", "inputs['source_ids']"):
+        assert name in proc.stdout, name
+
+
+# saved_model_cli itself, with the tensorflow-text ops registered first (the plain console
+# script cannot load any SavedModel that uses tensorflow-text ops).
+SAVED_MODEL_CLI = ("import sys, tensorflow_text; from tensorflow.python.tools import "
+                   "saved_model_cli; sys.argv[0] = 'saved_model_cli'; saved_model_cli.main()")
+
+
+def test_saved_model_cli_run(exported, tmp_path):
+    path = exported[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", SAVED_MODEL_CLI, "run", "--dir", path, "--tag_set", "serve",
+         "--signature_def", "serving_default",
+         "--input_exprs", 'text=["Ta broku glimo vasu.", ""]', "--outdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=_clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = {f: np.load(tmp_path / f, allow_pickle=True) for f in os.listdir(tmp_path)}
+    assert set(saved) >= {"translations.npy", "scores.npy"}
+    assert saved["translations.npy"].shape == (2,)
+
+
+def test_plain_graph_export_has_no_xla_ops(exported, tmp_path, tmp_path_factory):
+    """A --nojit_compile export must run on TF Serving's default (XLA-disabled) server."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    sentences = exported[3]
+    translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False)
+    path = export_saved_model(translator.module, str(tmp_path), config=translator.config)
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    graph = proto.meta_graphs[0].graph_def
+    ops = {n.op for n in graph.node}
+    for function in graph.library.function:
+        ops.update(n.op for n in function.node_def)
+        assert not function.attr["_XlaMustCompile"].b, function.signature.name
+    assert not {op for op in ops if op.startswith("Xla")}, sorted(ops)
+    reloaded = tf.saved_model.load(path)
+    out = reloaded.signatures["serving_default"](text=tf.constant(sentences[:2]))
+    assert out["translations"].shape == (2,)

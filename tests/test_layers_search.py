@@ -1,0 +1,315 @@
+"""Greedy and beam search (deep_nmt_tf.decoding.search), backend-agnostic: re-run under JAX.
+
+Toy models implement the decoder-state interface with fixed log-probability tables, so the
+expected outputs are computed by hand or by a plain-Python reference beam search with the
+same conventions (finished hypotheses stay in the beam; GNMT length penalty; per-sentence
+length limit ``floor(a * n + b)``).  Must not import TensorFlow.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import keras
+from keras import ops
+
+from deep_nmt_tf.config import ModelConfig
+from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
+from deep_nmt_tf.decoding import beam_search, greedy_search, search
+from deep_nmt_tf.decoding.search import gnmt_length_penalty, output_length_limits
+from deep_nmt_tf.models import build_model
+
+A, B, C, D = 4, 5, 6, 7
+V = 8
+
+
+def _np(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def _table(rows, eps=1e-4):
+    """``[V, V]`` log-prob table: ``rows[prev] = {token: prob}``, the rest spread as ``eps``."""
+    table = np.full((V, V), 0.0)
+    for prev in range(V):
+        probs = rows.get(prev, {EOS_ID: 1.0})
+        free = [t for t in range(V) if t not in probs]
+        for t, p in probs.items():
+            table[prev, t] = p * (1 - eps)
+        for t in free:
+            table[prev, t] = eps / len(free)
+    return np.log(table).astype("float32")
+
+
+class MarkovToy:
+    """First-order toy: ``log p(y_t | y_{t-1}) = table[y_{t-1}]``.  The state carries the
+    source mask (passed through) and a history buffer (rewritten each step)."""
+
+    def __init__(self, log_table):
+        self.log_table = ops.convert_to_tensor(log_table)
+        self.vocab_size = log_table.shape[0]
+
+    def encode(self, source_ids, training=False):
+        return {"mask": ops.not_equal(source_ids, PAD_ID)}
+
+    def init_decoder_state(self, encoded, max_length):
+        batch = ops.shape(encoded["mask"])[0]
+        return {"mask": encoded["mask"], "history": ops.zeros((batch, max_length), "int32")}
+
+    def decode_step(self, token_ids, step, state):
+        logits = ops.take(self.log_table, token_ids, axis=0)
+        zero = ops.zeros((), "int32")
+        history = ops.slice_update(state["history"], (zero, ops.cast(step, "int32")),
+                                   ops.cast(token_ids, "int32")[:, None])
+        return logits, {"mask": state["mask"], "history": history}
+
+
+class SecondOrderToy:
+    """``log p(y_t | y_{t-2}, y_{t-1}) = table[y_{t-2}, y_{t-1}]``, with ``y_{t-2}`` read from
+    the state's history: wrong beam reordering of the state changes the result."""
+
+    def __init__(self, log_table):
+        self.log_table = ops.convert_to_tensor(log_table)  # [V, V, V]
+        self.vocab_size = log_table.shape[0]
+
+    def encode(self, source_ids, training=False):
+        return {"mask": ops.not_equal(source_ids, PAD_ID)}
+
+    def init_decoder_state(self, encoded, max_length):
+        batch = ops.shape(encoded["mask"])[0]
+        return {"mask": encoded["mask"], "prev": ops.full((batch,), BOS_ID, "int32"),
+                "history": ops.zeros((batch, max_length), "int32")}
+
+    def decode_step(self, token_ids, step, state):
+        token_ids = ops.cast(token_ids, "int32")
+        rows = ops.take(self.log_table, state["prev"], axis=0)               # [B, V, V]
+        logits = ops.take_along_axis(rows, token_ids[:, None, None], axis=1)[:, 0, :]
+        zero = ops.zeros((), "int32")
+        history = ops.slice_update(state["history"], (zero, ops.cast(step, "int32")),
+                                   token_ids[:, None])
+        return logits, {"mask": state["mask"], "prev": token_ids, "history": history}
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-Python references
+# ---------------------------------------------------------------------------------------------
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    m = x.max()
+    return x - m - math.log(np.exp(x - m).sum())
+
+
+def _lp(length, alpha):
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def reference_beam(next_logits, beam_size, alpha, limit, max_length, min_length=0):
+    """One sentence; ``next_logits(prefix) -> [V]`` with ``prefix`` the tokens so far (BOS
+    first).  Returns [(tokens without EOS, log_prob, score)] best first."""
+    beams = [dict(logp=0.0 if k == 0 else -1e9, toks=[], done=limit <= 0, n=0)
+             for k in range(beam_size)]
+    for t in range(max_length):
+        if all(b["done"] for b in beams):
+            break
+        cands = []
+        for k, b in enumerate(beams):
+            if b["done"]:
+                cands.append((b["logp"] / _lp(b["n"], alpha), k, None))
+                continue
+            lp = _log_softmax(next_logits([BOS_ID] + b["toks"]))
+            lp[PAD_ID] = lp[BOS_ID] = -np.inf
+            if t < min_length:
+                lp[EOS_ID] = -np.inf
+            for v in range(len(lp)):
+                cands.append(((b["logp"] + lp[v]) / _lp(b["n"] + 1, alpha), k, v,
+                              b["logp"] + lp[v]))
+        # Stable order: score descending, then flat index k * V + v ascending.
+        cands.sort(key=lambda c: (-c[0], c[1], -1 if c[2] is None else c[2]))
+        new = []
+        for c in cands[:beam_size]:
+            b = beams[c[1]]
+            if c[2] is None:
+                new.append(dict(b))
+            else:
+                n = b["n"] + 1
+                new.append(dict(logp=c[3], toks=b["toks"] + [c[2]], n=n,
+                                done=c[2] == EOS_ID or n >= limit))
+        beams = new
+    out = [([t for t in b["toks"] if t != EOS_ID], b["logp"], b["logp"] / _lp(b["n"], alpha))
+           for b in beams]
+    return sorted(out, key=lambda h: -h[2])
+
+
+def _markov_logits(log_table):
+    return lambda prefix: log_table[prefix[-1]]
+
+
+def _second_order_logits(log_table):
+    return lambda prefix: log_table[prefix[-2] if len(prefix) > 1 else BOS_ID, prefix[-1]]
+
+
+def _sources(lengths, width=None):
+    width = width or max(lengths) + 1
+    src = np.zeros((len(lengths), width), "int32")
+    for i, n in enumerate(lengths):
+        src[i, :n] = np.arange(n) % (V - 4) + 4
+        src[i, n] = EOS_ID
+    return src
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------
+
+# Greedy takes A (0.55) and then ends (A EOS: 0.55 * 0.4 = 0.22); the better translation
+# starts with the less likely B (B EOS: 0.45 * 0.9 = 0.405).
+BEAM_BEATS_GREEDY = {BOS_ID: {A: 0.55, B: 0.45}, A: {EOS_ID: 0.4, C: 0.3, D: 0.3},
+                     B: {EOS_ID: 0.9, C: 0.1}}
+
+
+def test_beam_search_finds_better_translation_than_greedy():
+    model = MarkovToy(_table(BEAM_BEATS_GREEDY))
+    src = _sources([3])
+    greedy = greedy_search(model, src, max_length_a=1.0, max_length_b=3)
+    beam = beam_search(model, src, beam_size=2, length_penalty=0.0, max_length_a=1.0,
+                       max_length_b=3, n_best=2)
+    assert _np(greedy["ids"])[0, 0, :1].tolist() == [A]
+    assert _np(greedy["lengths"]).tolist() == [[1]]
+    ids, lengths = _np(beam["ids"]), _np(beam["lengths"])
+    assert ids[0, 0, :1].tolist() == [B] and lengths[0, 0] == 1
+    assert ids[0, 1, :1].tolist() == [A] and lengths[0, 1] == 1
+    np.testing.assert_allclose(_np(beam["log_probs"])[0], np.log([0.405, 0.22]), atol=1e-3)
+    assert _np(beam["log_probs"])[0, 0] > _np(greedy["log_probs"])[0, 0]
+
+
+# With alpha = 0 the short "A" (p = 0.55) wins over "B C D" (p = 0.45); with alpha = 2 the
+# penalty ((5 + len) / 6) ** 2 divides by 1.36 (len 2 with EOS) vs 2.25 (len 4): B C D wins.
+LENGTH_PENALTY = {BOS_ID: {A: 0.55, B: 0.45}, A: {EOS_ID: 1.0}, B: {C: 1.0}, C: {D: 1.0},
+                  D: {EOS_ID: 1.0}}
+
+
+@pytest.mark.parametrize("alpha,best", [(0.0, [A]), (1.0, [A]), (2.0, [B, C, D])])
+def test_length_penalty_changes_ranking(alpha, best):
+    log_table = _table(LENGTH_PENALTY)
+    model = MarkovToy(log_table)
+    out = beam_search(model, _sources([4]), beam_size=2, length_penalty=alpha, n_best=2,
+                      max_length_a=1.0, max_length_b=4)
+    ids, lengths = _np(out["ids"])[0], _np(out["lengths"])[0]
+    scores, log_probs = _np(out["scores"])[0], _np(out["log_probs"])[0]
+    hyps = [ids[k, :lengths[k]].tolist() for k in range(2)]
+    assert hyps[0] == best
+    assert sorted(map(tuple, hyps)) == [(A,), (B, C, D)]
+    # score = log p / ((5 + len) / 6) ** alpha, len counting the EOS.
+    expected_logp = {(A,): log_table[BOS_ID, A] + log_table[A, EOS_ID],
+                     (B, C, D): (log_table[BOS_ID, B] + log_table[B, C] + log_table[C, D] +
+                                 log_table[D, EOS_ID])}
+    for k, h in enumerate(hyps):
+        np.testing.assert_allclose(log_probs[k], expected_logp[tuple(h)], rtol=1e-5)
+        np.testing.assert_allclose(scores[k], log_probs[k] / _lp(len(h) + 1, alpha), rtol=1e-5)
+    assert scores[0] >= scores[1]
+
+
+def test_gnmt_length_penalty_formula():
+    lengths = np.array([0, 1, 6, 20], "int32")
+    np.testing.assert_allclose(_np(gnmt_length_penalty(lengths, 0.6)),
+                               ((5 + lengths) / 6.0) ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(_np(gnmt_length_penalty(lengths, 0.0)), np.ones(4))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("beam_size,alpha", [(1, 0.6), (3, 0.0), (4, 1.0)])
+def test_beam_search_matches_reference(seed, beam_size, alpha):
+    """Vectorised search == plain-Python beam search, on a second-order toy whose
+    next-token distribution reads the state (so reordering mistakes show)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(V, V, V)).astype("float32") * 2.0
+    logits[..., EOS_ID] -= 1.0  # Longer hypotheses; some still end early.
+    model = SecondOrderToy(logits)
+    lengths = [2, 5, 0]
+    src = _sources(lengths, width=7)
+    a, b = 0.8, 2
+    limits = [math.floor(a * n + b) for n in lengths]
+    max_length = math.floor(np.float32(a) * 7 + b)
+    out = beam_search(model, src, beam_size=beam_size, length_penalty=alpha,
+                      n_best=beam_size, max_length_a=a, max_length_b=b)
+    ids, lens = _np(out["ids"]), _np(out["lengths"])
+    scores, log_probs = _np(out["scores"]), _np(out["log_probs"])
+    assert ids.shape == (3, beam_size, max_length)
+    for i, limit in enumerate(limits):
+        ref = reference_beam(_second_order_logits(logits), beam_size, alpha, limit, max_length)
+        for k, (toks, logp, score) in enumerate(ref):
+            assert ids[i, k, :lens[i, k]].tolist() == toks, (i, k)
+            assert (ids[i, k, lens[i, k]:] == PAD_ID).all()
+            assert lens[i, k] <= limit
+            np.testing.assert_allclose(log_probs[i, k], logp, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(scores[i, k], score, rtol=1e-4, atol=1e-4)
+
+
+def test_min_length_forces_fixed_length_outputs():
+    model = MarkovToy(_table(LENGTH_PENALTY))
+    src = _sources([3, 1])
+    for fn in (lambda: greedy_search(model, src, max_length=6, min_length=6,
+                                     max_length_a=0.0, max_length_b=6),
+               lambda: beam_search(model, src, beam_size=2, max_length=6, min_length=6,
+                                   max_length_a=0.0, max_length_b=6)):
+        out = fn()
+        assert (_np(out["lengths"]) == 6).all()
+        assert not (_np(out["ids"]) == EOS_ID).any()
+
+
+def test_output_length_limits():
+    src = _sources([0, 3, 10], width=12)
+    np.testing.assert_array_equal(_np(output_length_limits(src, 1.5, 2)), [2, 6, 17])
+
+
+def _tiny_transformer():
+    return build_model(ModelConfig(vocab_size=23, d_model=16, num_heads=2, ffn_dim=32,
+                                   encoder_layers=1, decoder_layers=2, norm="pre"))
+
+
+def test_transformer_beam_one_equals_greedy():
+    model = _tiny_transformer()
+    src = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0], [2, 0, 0, 0, 0]], "int32")
+    kwargs = dict(max_length_a=0.5, max_length_b=2)
+    greedy = {k: _np(v) for k, v in greedy_search(model, src, length_penalty=0.6,
+                                                  **kwargs).items()}
+    beam1 = {k: _np(v) for k, v in beam_search(model, src, beam_size=1, length_penalty=0.6,
+                                               **kwargs).items()}
+    dispatched = {k: _np(v) for k, v in search(model, src, beam_size=1, length_penalty=0.6,
+                                               **kwargs).items()}
+    for key in ("ids", "lengths"):
+        np.testing.assert_array_equal(beam1[key], greedy[key])
+        np.testing.assert_array_equal(dispatched[key], greedy[key])
+    for key in ("scores", "log_probs"):
+        np.testing.assert_allclose(beam1[key], greedy[key], rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_beam_search_n_best_sorted_and_bounded():
+    model = _tiny_transformer()
+    src = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
+    out = beam_search(model, src, beam_size=4, length_penalty=0.6, n_best=3,
+                      max_length_a=0.5, max_length_b=2)
+    scores, lengths = _np(out["scores"]), _np(out["lengths"])
+    assert scores.shape == (2, 3) and _np(out["ids"]).shape[:2] == (2, 3)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+    assert (lengths[0] <= 4).all() and (lengths[1] <= 3).all()
+    assert not (_np(out["ids"]) == EOS_ID).any()
+
+
+def test_search_compiles_with_jax_jit():
+    if keras.backend.backend() != "jax":
+        pytest.skip("JAX-only")
+    import jax
+
+    model = MarkovToy(_table(BEAM_BEATS_GREEDY))
+    src = _sources([3, 1])
+    fn = jax.jit(lambda s: beam_search(model, s, beam_size=2, length_penalty=0.0,
+                                       max_length_a=1.0, max_length_b=3))
+    out = fn(src)
+    assert _np(out["ids"])[0, 0, 0] == B
+    transformer = _tiny_transformer()
+    greedy = jax.jit(lambda s: greedy_search(transformer, s, max_length_a=0.5,
+                                             max_length_b=2))(src)
+    assert _np(greedy["ids"]).shape == (2, 1, math.floor(np.float32(0.5) * 4 + 2))
+    assert (_np(greedy["lengths"]) <= [[3], [2]]).all()

@@ -1,0 +1,183 @@
+"""tools/translate.py, tools/evaluate.py and tools/average_checkpoints.py."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from deep_nmt_tf.decoding.scoring import checkpoint_window, corpus_scores, mean_std
+from test_decoding_helpers import ROOT, STEPS, trained_model_dir
+
+HYPOTHESES = [
+    "The cat sat on the mat.",
+    "Dogs, however, don't like rain!",
+    "It costs $3.50 (roughly).",
+    "",
+    "A completely different sentence here",
+]
+REFERENCES = [
+    "The cat sat on a mat.",
+    "Dogs, however, do not like the rain!",
+    "It costs $3.50 (approximately).",
+    "Nothing.",
+    "A completely different sentence is here.",
+]
+
+
+def _write(path, lines):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+    return str(path)
+
+
+def test_evaluator_reproduces_sacrebleu_on_fixed_files(tmp_path):
+    hyp = _write(tmp_path / "hyp.txt", HYPOTHESES)
+    ref = _write(tmp_path / "ref.txt", REFERENCES)
+    from tools.evaluate import format_scores, score_files
+
+    scores = score_files(hyp, ref)
+    assert scores["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]).score, abs=1e-9)
+    assert scores["chrf"] == pytest.approx(
+        sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score, abs=1e-9)
+    assert scores["tok_bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES], tokenize="intl").score, abs=1e-9)
+    assert "tok:13a" in scores["bleu_signature"] and "nrefs:1" in scores["bleu_signature"]
+    assert "tok:intl" in scores["tok_bleu_signature"]
+    assert "nc:6" in scores["chrf_signature"]
+    text = format_scores(scores)
+    assert f"BLEU = {scores['bleu']:.2f} (nrefs:1" in text
+    # The command line prints the same (and needs no model for --hypotheses).
+    proc = subprocess.run([sys.executable, "-m", "tools.evaluate", f"--hypotheses={hyp}",
+                           f"--reference={ref}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert text in proc.stdout
+    with pytest.raises(ValueError):
+        corpus_scores(["a"], ["a", "b"])
+
+
+def test_checkpoint_window_and_stats():
+    # Best dev at index 4; a window of 3 is centred on it, shifted inwards at the ends.
+    dev = [1.0, 2.0, 3.0, 3.5, 4.0, 3.9, 1.0]
+    assert checkpoint_window(dev, 3) == (3, 6, 4)
+    assert checkpoint_window(dev, 21) == (0, 7, 4)
+    assert checkpoint_window([5.0, 1.0, 1.0, 1.0], 3) == (0, 3, 0)
+    assert checkpoint_window([1.0, 1.0, 1.0, 5.0], 2) == (2, 4, 3)
+    mean, std = mean_std([1.0, 2.0, 3.0])
+    assert mean == 2.0 and std == pytest.approx(1.0)
+    assert mean_std([4.0]) == (4.0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory):
+    from deep_nmt_tf.export import Translator
+
+    # The plain graph (no XLA): the tools' logic does not depend on it, and it saves compiling
+    # each new shape (the export tests cover the XLA default).
+    return Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False)
+
+
+def _test_split(translator):
+    with open(translator.config.data.test_source, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def test_translate_file_keeps_input_order_and_blank_lines(translator, tmp_path):
+    from tools.translate import read_lines, translate_file
+
+    sources = _test_split(translator)
+    lines = sources[:6] + ["", sources[0], "   "] + sources[6:]
+    src = _write(tmp_path / "in.txt", lines)
+    out = str(tmp_path / "out.txt")
+    assert translate_file(translator, src, out, batch_size=4, progress=True) == len(lines)
+    got = read_lines(out)
+    assert len(got) == len(lines)
+    one_batch = translator.translate_batch(lines)["translations"]
+    assert got == [t.decode("utf-8") for t in one_batch]
+    assert got[7] == got[0]
+    # n-best output: Moses format, best first, 2 per sentence (decoding.n_best = 2).
+    nbest = str(tmp_path / "nbest.txt")
+    translate_file(translator, src, nbest, n_best=2, progress=False)
+    rows = [line.split(" ||| ") for line in read_lines(nbest)]
+    assert len(rows) == 2 * len(lines)
+    assert [int(r[0]) for r in rows[:4]] == [0, 0, 1, 1]
+    assert rows[0][1] == got[0]
+    assert float(rows[0][2]) >= float(rows[1][2])
+
+
+def test_translate_cli_reads_stdin(translator):
+    sources = _test_split(translator)[:5]
+    model_dir = os.path.dirname(translator.checkpoint_path)
+    proc = subprocess.run([sys.executable, "-m", "tools.translate", f"--model_dir={model_dir}",
+                           "--beam_size=2", "--length_penalty=1.0", "--nojit_compile"],
+                          input="\n".join(sources) + "\n", cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = [h[0].text for h in translator.translate(sources, beam_size=2,
+                                                        length_penalty=1.0)]
+    assert proc.stdout.splitlines() == expected
+    assert "translating [" not in proc.stderr  # No progress bar for stdin.
+
+
+def test_evaluate_and_checkpoint_window(translator):
+    from deep_nmt_tf.export.translator import list_checkpoints
+    from tools.evaluate import evaluate_translator, evaluate_window
+
+    data = translator.config.data
+    scores = evaluate_translator(translator, data.test_source, data.test_target)
+    refs = _test_split_refs(data.test_target)
+    assert scores["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(scores["hypotheses"], [refs]).score)
+    checkpoints = list_checkpoints(os.path.dirname(translator.checkpoint_path))
+    assert len(checkpoints) == 3
+    result = evaluate_window(translator, checkpoints, 2, (data.dev_source, data.dev_target),
+                             (data.test_source, data.test_target))
+    rows = result["checkpoints"]
+    start, stop, best = checkpoint_window([r["dev_bleu"] for r in rows], 2)
+    assert (result["window_start"], result["window_stop"]) == (start, stop)
+    assert result["best_dev"] == rows[best]["checkpoint"]
+    window = [r["test_bleu"] for r in rows[start:stop]]
+    assert result["test_bleu_mean"] == pytest.approx(np.mean(window))
+    assert result["test_bleu_std"] == pytest.approx(np.std(window, ddof=1))
+    translator.restore(checkpoints[-1])
+
+
+def _test_split_refs(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def test_average_checkpoints(translator, tmp_path):
+    import tensorflow as tf
+
+    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.export.averaging import average_checkpoints
+    from deep_nmt_tf.export.translator import list_checkpoints, restore_model
+    from deep_nmt_tf.models import build_model
+
+    model_dir = os.path.dirname(translator.checkpoint_path)
+    out_dir = str(tmp_path / "avg")
+    path = average_checkpoints(model_dir, out_dir, last=2)
+    assert os.path.basename(path) == f"ckpt-{STEPS[-1]}"
+    assert tf.train.latest_checkpoint(out_dir) == path
+    last_two = list_checkpoints(model_dir)[-2:]
+    values = []
+    for ckpt in last_two:
+        model = build_model(translator.config)
+        restore_model(model, ckpt)
+        values.append([v.numpy() for v in model.variables])
+    averaged = Translator.from_model_dir(out_dir, jit_compile=False)
+    assert averaged.checkpoint_path == path
+    for i, v in enumerate(averaged.model.variables):
+        if tf.as_dtype(v.dtype).is_floating:
+            np.testing.assert_allclose(v.numpy(), (values[0][i] + values[1][i]) / 2,
+                                       rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(v.numpy(), values[1][i])
+    assert len(averaged.translate(["Hello."])) == 1
+    with pytest.raises(ValueError):
+        average_checkpoints(model_dir, model_dir)

@@ -1,0 +1,253 @@
+r"""Scores a model on a test set: sacreBLEU BLEU and chrF, and the papers' tokenized BLEU.
+
+One checkpoint (default: the latest)::
+
+    deep-nmt-evaluate --model_dir=runs/demo --source=test.src --reference=test.tgt \
+        [--checkpoint=runs/demo/ckpt-1500] [--beam_size=4] [--length_penalty=0.6] \
+        [--output=test.hyp]
+
+An existing translation file (no model needed)::
+
+    deep-nmt-evaluate --hypotheses=test.hyp --reference=test.tgt
+
+A window of checkpoints chosen by dev BLEU (Chen et al. 2018 report the mean and standard
+deviation of test BLEU over 21 checkpoints around the best dev checkpoint)::
+
+    deep-nmt-evaluate --model_dir=runs/demo --checkpoint_window=21 \
+        [--dev_source=dev.src --dev_reference=dev.tgt]
+
+Every checkpoint listed in ``MODEL_DIR/checkpoint`` is scored on dev and test (the trainer
+keeps ``training.keep_checkpoints`` of them: set it to at least the window size).  Without
+``--source``/``--reference`` (``--dev_*``) the config's ``data.test_*`` (``data.dev_*``)
+files are used.
+
+Output: the scores with their sacreBLEU signatures, e.g.::
+
+    BLEU = 31.42 (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
+    chrF2 = 58.10 (nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0)
+    tokenized BLEU = 33.05 (nrefs:1|case:mixed|eff:no|tok:intl|smooth:exp|version:2.6.0)
+
+``tokenized BLEU`` is sacreBLEU with ``tokenize='intl'`` (see
+``deep_nmt_tf.decoding.scoring``); ``--json=FILE`` also writes everything as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags():
+    definitions = [
+        (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
+        (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
+        (flags.DEFINE_string, "source", None, "Test source file (default data.test_source)."),
+        (flags.DEFINE_string, "reference", None, "Test reference (default data.test_target)."),
+        (flags.DEFINE_string, "hypotheses", None,
+         "Score this translation file against --reference instead of decoding."),
+        (flags.DEFINE_string, "dev_source", None, "Dev source for --checkpoint_window "
+                                                  "(default data.dev_source)."),
+        (flags.DEFINE_string, "dev_reference", None, "Dev reference for --checkpoint_window "
+                                                     "(default data.dev_target)."),
+        (flags.DEFINE_integer, "checkpoint_window", 0,
+         "If > 0: score every checkpoint and report mean/std test BLEU over this many "
+         "checkpoints around the best dev BLEU (Chen et al. 2018 use 21)."),
+        (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
+        (flags.DEFINE_float, "length_penalty", None, "Length penalty alpha (default "
+                                                     "decoding.length_penalty)."),
+        (flags.DEFINE_integer, "batch_size", None, "Sentences per batch."),
+        (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE (repeatable)."),
+        (flags.DEFINE_string, "tokenized_bleu_tokenize", "intl",
+         "sacreBLEU tokeniser of the tokenized BLEU ('intl', '13a', 'none' ...)."),
+        (flags.DEFINE_string, "output", None, "Write the test translations here."),
+        (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
+        (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    ]
+    for define, name, default, help_text in definitions:
+        if name not in FLAGS:
+            define(name, default, help_text)
+
+
+_define_flags()
+
+
+def _read(path: str) -> List[str]:
+    from deep_nmt_tf.data.text_io import read_lines
+
+    return list(read_lines(path))
+
+
+def _resolve(path: str, model_dir: str) -> str:
+    """A data path of the config; relative paths that do not exist are tried under MODEL_DIR."""
+    if not path or os.path.exists(path) or os.path.isabs(path):
+        return path
+    candidate = os.path.join(model_dir, path)
+    if os.path.exists(candidate):
+        return candidate
+    candidate = os.path.join(model_dir, "data", os.path.basename(path))
+    return candidate if os.path.exists(candidate) else path
+
+
+def score_files(hypotheses_path: str, reference_path: str,
+                tokenized_bleu_tokenize: str = "intl") -> Dict[str, object]:
+    """Scores a translation file against a reference file (one segment per line)."""
+    from deep_nmt_tf.decoding.scoring import corpus_scores
+
+    return corpus_scores(_read(hypotheses_path), _read(reference_path),
+                         tokenized_bleu_tokenize)
+
+
+def evaluate_translator(translator, source_path: str, reference_path: str,
+                        beam_size: Optional[int] = None, length_penalty: Optional[float] = None,
+                        batch_size: Optional[int] = None,
+                        tokenized_bleu_tokenize: str = "intl") -> Dict[str, object]:
+    """Translates ``source_path`` and scores it against ``reference_path``.
+
+    Returns:
+      :func:`deep_nmt_tf.decoding.scoring.corpus_scores` plus ``hypotheses`` (list of str).
+    """
+    from deep_nmt_tf.decoding.scoring import corpus_scores
+
+    sources, references = _read(source_path), _read(reference_path)
+    if len(sources) != len(references):
+        raise ValueError(f"{source_path} has {len(sources)} lines but {reference_path} has "
+                         f"{len(references)}")
+    results = translator.translate(sources, beam_size=beam_size,
+                                   length_penalty=length_penalty, batch_size=batch_size)
+    hypotheses = [hyps[0].text for hyps in results]
+    scores = corpus_scores(hypotheses, references, tokenized_bleu_tokenize)
+    scores["hypotheses"] = hypotheses
+    return scores
+
+
+def format_scores(scores: Dict[str, object]) -> str:
+    return "\n".join([
+        f"BLEU = {scores['bleu']:.2f} ({scores['bleu_signature']})",
+        f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})",
+        f"tokenized BLEU = {scores['tok_bleu']:.2f} ({scores['tok_bleu_signature']})",
+        f"  {scores['bleu_line']}",
+    ])
+
+
+def evaluate_window(translator, checkpoints: Sequence[str], window: int, dev: Sequence[str],
+                    test: Sequence[str], **kwargs) -> Dict[str, object]:
+    """Scores every checkpoint on dev and test; mean/std test BLEU over the window.
+
+    Args:
+      translator: a :class:`~deep_nmt_tf.export.translator.Translator` (weights are replaced).
+      checkpoints: checkpoint prefixes in training order.
+      window: window size.
+      dev, test: ``(source, reference)`` paths.
+      kwargs: passed to :func:`evaluate_translator`.
+    """
+    from deep_nmt_tf.decoding.scoring import checkpoint_window, mean_std
+
+    rows = []
+    for path in checkpoints:
+        translator.restore(path)
+        d = evaluate_translator(translator, dev[0], dev[1], **kwargs)
+        t = evaluate_translator(translator, test[0], test[1], **kwargs)
+        rows.append({"checkpoint": path, "dev_bleu": d["bleu"], "test_bleu": t["bleu"],
+                     "test_chrf": t["chrf"], "test_tok_bleu": t["tok_bleu"]})
+        logging.info("%s: dev BLEU %.2f, test BLEU %.2f", path, d["bleu"], t["bleu"])
+    start, stop, best = checkpoint_window([r["dev_bleu"] for r in rows], window)
+    chosen = rows[start:stop]
+    out: Dict[str, object] = {"checkpoints": rows, "window_start": start,
+                              "window_stop": stop, "best_dev": rows[best]["checkpoint"],
+                              "window_size": stop - start, "requested_window": window,
+                              "bleu_signature": t["bleu_signature"]}
+    for key in ("test_bleu", "test_chrf", "test_tok_bleu"):
+        mean, std = mean_std([r[key] for r in chosen])
+        out[f"{key}_mean"], out[f"{key}_std"] = mean, std
+    return out
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
+    if FLAGS.hypotheses and not FLAGS.reference:
+        raise app.UsageError("--hypotheses needs --reference")
+    if not FLAGS.hypotheses and not FLAGS.model_dir:
+        raise app.UsageError("--model_dir is required (or --hypotheses and --reference)")
+    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.data.text_io import DataError
+
+    try:
+        if FLAGS.hypotheses:
+            result = score_files(FLAGS.hypotheses, FLAGS.reference,
+                                 FLAGS.tokenized_bleu_tokenize)
+            print(format_scores(result))
+            if FLAGS.json:
+                with open(FLAGS.json, "w", encoding="utf-8") as f:
+                    json.dump(result, f, indent=2)
+        else:
+            _evaluate_model()
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"evaluate: error: {e}") from None
+    sys.stdout.flush()
+
+
+def _evaluate_model() -> None:
+    from deep_nmt_tf.export.translator import Translator, list_checkpoints
+
+    translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
+                                           overrides=FLAGS.override,
+                                           jit_compile=FLAGS.jit_compile)
+    data = translator.config.data
+    source = FLAGS.source or _resolve(data.test_source, FLAGS.model_dir)
+    reference = FLAGS.reference or _resolve(data.test_target, FLAGS.model_dir)
+    if not source or not reference:
+        raise app.UsageError("give --source and --reference (the config has no data.test_*)")
+    kwargs = dict(beam_size=FLAGS.beam_size, length_penalty=FLAGS.length_penalty,
+                  batch_size=FLAGS.batch_size,
+                  tokenized_bleu_tokenize=FLAGS.tokenized_bleu_tokenize)
+    if FLAGS.checkpoint_window > 0:
+        dev_source = FLAGS.dev_source or _resolve(data.dev_source, FLAGS.model_dir)
+        dev_reference = FLAGS.dev_reference or _resolve(data.dev_target, FLAGS.model_dir)
+        if not dev_source or not dev_reference:
+            raise app.UsageError("--checkpoint_window needs --dev_source/--dev_reference (the "
+                                 "config has no data.dev_*)")
+        checkpoints = list_checkpoints(FLAGS.model_dir)
+        if len(checkpoints) < FLAGS.checkpoint_window:
+            logging.warning("only %d checkpoints in %s for a window of %d (raise "
+                            "training.keep_checkpoints)", len(checkpoints), FLAGS.model_dir,
+                            FLAGS.checkpoint_window)
+        result = evaluate_window(translator, checkpoints, FLAGS.checkpoint_window,
+                                 (dev_source, dev_reference), (source, reference), **kwargs)
+        for row in result["checkpoints"]:
+            print(f"{row['checkpoint']}\tdev BLEU {row['dev_bleu']:.2f}\ttest BLEU "
+                  f"{row['test_bleu']:.2f}")
+        print(f"best dev: {result['best_dev']}; window of {result['window_size']} checkpoints "
+              f"[{result['window_start']}, {result['window_stop']})")
+        print(f"test BLEU = {result['test_bleu_mean']:.2f} +- {result['test_bleu_std']:.2f} "
+              f"({result['bleu_signature']})")
+        print(f"test chrF2 = {result['test_chrf_mean']:.2f} +- {result['test_chrf_std']:.2f}")
+        print(f"test tokenized BLEU = {result['test_tok_bleu_mean']:.2f} +- "
+              f"{result['test_tok_bleu_std']:.2f}")
+    else:
+        result = evaluate_translator(translator, source, reference, **kwargs)
+        hypotheses = result.pop("hypotheses")
+        if FLAGS.output:
+            with open(FLAGS.output, "w", encoding="utf-8", newline="\n") as f:
+                f.writelines(h.replace("\n", " ") + "\n" for h in hypotheses)
+        result["checkpoint"] = translator.checkpoint_path
+        print(f"checkpoint: {translator.checkpoint_path}")
+        print(format_scores(result))
+    if FLAGS.json:
+        with open(FLAGS.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+
+
+def run() -> None:
+    """Console-script entry point (``deep-nmt-evaluate``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

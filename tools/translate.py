@@ -1,0 +1,148 @@
+r"""Translates text files (or stdin) with a trained model.
+
+    deep-nmt-translate --model_dir=runs/demo --input=test.src --output=test.hyp \
+        [--checkpoint=runs/demo/ckpt-1500] [--beam_size=4] [--length_penalty=0.6] \
+        [--n_best=1] [--batch_size=32] [--override=decoding.max_length_a=2]
+
+    echo "Ta broku glimo vasu." | deep-nmt-translate --model_dir=runs/demo
+
+One output line per input line, in input order (batches are sorted by length internally).
+With ``--n_best`` > 1 (at most the beam size) the output uses the Moses n-best format, ``i ||| translation ||| score``
+(``i`` the 0-based line number, hypotheses best first).  A progress bar goes to stderr when
+reading a file.  Defaults of the search come from the model's ``config.yaml`` (``decoding``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, List, Optional, Sequence
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags():
+    definitions = [
+        (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
+        (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
+        (flags.DEFINE_string, "input", "-", "Source text file, one sentence per line "
+                                            "('-': stdin)."),
+        (flags.DEFINE_string, "output", "-", "Output file ('-': stdout)."),
+        (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
+        (flags.DEFINE_float, "length_penalty", None,
+         "GNMT length penalty alpha (default decoding.length_penalty)."),
+        (flags.DEFINE_integer, "n_best", 1, "Hypotheses per sentence (> 1: Moses n-best "
+                                            "format)."),
+        (flags.DEFINE_integer, "batch_size", None, "Sentences per batch (default "
+                                                   "decoding.batch_size)."),
+        (flags.DEFINE_multi_string, "override", [],
+         "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
+        (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+        (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "
+                                              "a file)."),
+    ]
+    for define, name, default, help_text in definitions:
+        if name not in FLAGS:
+            define(name, default, help_text)
+
+
+_define_flags()
+
+
+def read_lines(path: str) -> List[str]:
+    """Lines of a UTF-8 file (``-``: stdin) without line terminators.
+
+    Raises:
+      DataError: invalid UTF-8 (naming the file and line) or a missing file.
+    """
+    from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.data.text_io import read_lines as read_file_lines
+
+    if path != "-":
+        return list(read_file_lines(path))
+    lines = []
+    for number, raw in enumerate(sys.stdin.buffer.read().split(b"\n"), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"<stdin>:{number}: invalid UTF-8 ({e.reason})") from None
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def format_output(results, n_best: int) -> Iterable[str]:
+    """Output lines: the best translation per sentence, or Moses n-best lines."""
+    for i, hyps in enumerate(results):
+        if n_best <= 1:
+            yield _one_line(hyps[0].text)
+        else:
+            for hyp in hyps[:n_best]:
+                yield f"{i} ||| {_one_line(hyp.text)} ||| {hyp.score:.6f}"
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def translate_file(translator, input_path: str, output_path: str,
+                   beam_size: Optional[int] = None, length_penalty: Optional[float] = None,
+                   n_best: Optional[int] = None, batch_size: Optional[int] = None,
+                   progress: Optional[bool] = None) -> int:
+    """Translates ``input_path`` into ``output_path`` (``-`` = stdin/stdout).
+
+    Returns:
+      The number of sentences translated.
+    """
+    from deep_nmt_tf.export.translator import ProgressBar
+
+    lines = read_lines(input_path)
+    if progress is None:
+        progress = input_path != "-"
+    n_best = int(n_best or 1)
+    results = translator.translate(lines, beam_size=beam_size, length_penalty=length_penalty,
+                                   n_best=n_best, batch_size=batch_size,
+                                   progress=ProgressBar() if progress and lines else None)
+    out = list(format_output(results, n_best))
+    text = "".join(line + "\n" for line in out)
+    if output_path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(output_path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+    return len(lines)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir is required")
+    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.export.translator import Translator
+
+    try:
+        if FLAGS.beam_size is not None and FLAGS.beam_size < 1:
+            raise app.UsageError("--beam_size must be >= 1")
+        if FLAGS.n_best < 1:
+            raise app.UsageError("--n_best must be >= 1")
+        translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
+                                               overrides=FLAGS.override,
+                                               jit_compile=FLAGS.jit_compile)
+        translate_file(translator, FLAGS.input, FLAGS.output, beam_size=FLAGS.beam_size,
+                       length_penalty=FLAGS.length_penalty, n_best=FLAGS.n_best,
+                       batch_size=FLAGS.batch_size, progress=FLAGS.progress)
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        raise SystemExit(f"translate: error: {e}") from None
+
+
+def run() -> None:
+    """Console-script entry point (``deep-nmt-translate``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
