@@ -41,6 +41,8 @@ __all__ = [
     "LexicalShortcutsConfig",
     "RNMTConfig",
     "AdaptiveClippingConfig",
+    "HybridConfig",
+    "WarmStartConfig",
     "ARCHITECTURES",
     "model_components",
     "load_config",
@@ -130,7 +132,16 @@ class LexicalShortcutsConfig:
 ARCHITECTURES: Dict[str, Tuple[str, str]] = {
     "transformer": ("transformer", "transformer"),
     "rnmt_plus": ("rnmt_plus", "rnmt_plus"),
+    # Hybrids (Chen et al. 2018 section 6; deep_nmt_tf.models.hybrid, options under
+    # model.hybrid).
+    "transformer_rnmt": ("transformer", "rnmt_plus"),
+    "rnmt_transformer": ("rnmt_plus", "transformer"),
+    "cascaded": ("cascaded", "rnmt_plus"),
+    "multi_column": ("multi_column", "rnmt_plus"),
 }
+
+#: Encoder types a multi-column encoder's columns may have (``model.hybrid.columns``).
+COLUMN_TYPES = ("transformer", "rnmt_plus")
 
 
 def model_components(model_config) -> Tuple[str, str]:
@@ -159,9 +170,20 @@ class RNMTConfig:
 
 
 @dataclasses.dataclass
+class HybridConfig:
+    """Hybrid encoders (Chen et al. 2018 section 6, :mod:`deep_nmt_tf.models.hybrid`)."""
+    columns: Tuple[str, ...] = _field(("rnmt_plus", "transformer"), "multi_column: encoder "
+                                      "type of each column (a list, >= 1), each with "
+                                      "model.encoder_layers layers.", choices=COLUMN_TYPES)
+    cascade_layers: int = _field(4, "cascaded: Transformer layers on the RNMT+ encoder "
+                                 "(model.encoder_layers RNMT+ layers below them).", min=1)
+
+
+@dataclasses.dataclass
 class ModelConfig:
     architecture: str = _field("transformer", "Model family: encoder and decoder types "
-                               "(rnmt_plus: Chen et al. 2018, options under model.rnmt).",
+                               "(rnmt_plus: Chen et al. 2018, options under model.rnmt; the hybrids "
+                               "of its section 6: docs/HYBRIDS.md).",
                                choices=tuple(ARCHITECTURES))
     vocab_size: int = _field(0, "Vocabulary size; 0 = read from the vocabulary file.", min=0)
     d_model: int = _field(512, "Model (embedding) dimension.", min=1)
@@ -186,6 +208,7 @@ class ModelConfig:
     lexical_shortcuts: LexicalShortcutsConfig = _field(LexicalShortcutsConfig(),
                                                        "Lexical shortcut options.")
     rnmt: RNMTConfig = _field(RNMTConfig(), "RNMT+ encoder/decoder options.")
+    hybrid: HybridConfig = _field(HybridConfig(), "Cascaded / multi-column encoder options.")
 
 
 @dataclasses.dataclass
@@ -232,6 +255,24 @@ class AdaptiveClippingConfig:
 
 
 @dataclasses.dataclass
+class WarmStartConfig:
+    """Initialise sub-modules from earlier runs (``deep_nmt_tf.training.warm_start``).  Each
+    key is one value or a list; entry i copies source[i] of checkpoint[i] into target[i] (a
+    single source/target applies to every checkpoint)."""
+    checkpoint: Tuple[str, ...] = _field((), "Checkpoint(s) (MODEL_DIR/ckpt-N) or model "
+                                         "directories (their latest) of earlier runs, whose "
+                                         "config.yaml describes the model; empty: no warm "
+                                         "start.")
+    source: Tuple[str, ...] = _field(("encoder",), "Sub-module(s) of the earlier run's model "
+                                     "to copy, '/'-separated attribute paths (e.g. encoder, "
+                                     "decoder).")
+    target: Tuple[str, ...] = _field((), "Sub-module(s) of this model to initialise (e.g. "
+                                     "encoder/rnmt: the cascade's RNMT+ part; "
+                                     "encoder/columns/0: a multi-column encoder's first "
+                                     "column); empty: the same as source.")
+
+
+@dataclasses.dataclass
 class TrainingConfig:
     train_steps: int = _field(100000, "Number of optimizer updates.", min=1)
     batch_tokens: int = _field(4096, "Approximate source+target tokens per global batch.", min=1)
@@ -273,6 +314,10 @@ class TrainingConfig:
                                     "lexical-shortcut gates on a fixed batch (0: every "
                                     "log_every steps).", min=0)
     jit_compile: bool = _field(False, "Compile the training step with XLA.")
+    warm_start: WarmStartConfig = _field(WarmStartConfig(), "Warm start from an earlier run.")
+    freeze: Tuple[str, ...] = _field((), "Sub-modules (a list of '/'-separated attribute paths, "
+                                     "e.g. [encoder/rnmt]) whose variables are not trained "
+                                     "(excluded from the optimizer).")
 
 
 @dataclasses.dataclass
@@ -402,6 +447,11 @@ def _coerce(value, tp, key: str, where: str):
     elif tp is str:
         if isinstance(value, str):
             return value
+    elif typing.get_origin(tp) is tuple:  # Tuple[X, ...]: a YAML list (or one scalar).
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        item = typing.get_args(tp)[0]
+        return tuple(_coerce(v, item, f"{key}[{i}]", where) for i, v in enumerate(value))
     raise ConfigError(f"{where}: {key}: expected {_type_name(tp)}, got {value!r} "
                       f"({type(value).__name__})")
 
@@ -430,6 +480,14 @@ def _build(cls, data: Dict[str, Any], prefix: str, locator: _Locator, default_wh
             continue
         value = _coerce(data[name], tp, full, where)
         meta = f.metadata
+        if isinstance(value, tuple):
+            bad = [v for v in value if meta.get("choices") is not None and
+                   v not in meta["choices"]]
+            if bad:
+                raise ConfigError(f"{where}: {full}: {bad[0]!r} is not one of "
+                                  f"{', '.join(map(str, meta['choices']))}")
+            kwargs[name] = value
+            continue
         if meta.get("choices") is not None and value not in meta["choices"]:
             raise ConfigError(f"{where}: {full}: {value!r} is not one of "
                               f"{', '.join(map(str, meta['choices']))}")
@@ -474,6 +532,7 @@ def _validate(cfg: Config, locator: _Locator, default_where: str):
              "has neither")
     if m.tie_softmax_embeddings is False and m.tie_source_target_embeddings is None:
         pass
+    _validate_hybrid(m, fail)
     d = cfg.data
     if bool(d.dev_source) != bool(d.dev_target):
         fail("data.dev_source", "dev_source and dev_target must be given together")
@@ -488,12 +547,51 @@ def _validate(cfg: Config, locator: _Locator, default_where: str):
         fail("training.jit_compile", "XLA cannot compile the gradient of the RNMT+ recurrences "
              "(keras.ops.scan's while loop on TensorFlow has no maximum_iterations); set it "
              "to false (decoding and export still compile with XLA)")
+    ws = t.warm_start
+    n = len(ws.checkpoint)
+    for key, paths in (("source", ws.source), ("target", ws.target)):
+        if n and len(paths) not in ((1, n) if key == "source" else (0, 1, n)):
+            fail(f"training.warm_start.{key}", f"{len(paths)} entries for {n} "
+                 "training.warm_start.checkpoint entries (give one, or one per checkpoint)")
+        for i, path in enumerate(paths):
+            if not path.strip("/"):
+                fail(f"training.warm_start.{key}", f"entry {i} names no sub-module")
+    for i, path in enumerate(ws.checkpoint):
+        if not path:
+            fail("training.warm_start.checkpoint", f"entry {i} is empty")
+    for i, path in enumerate(t.freeze):
+        if not path.strip("/"):
+            fail(f"training.freeze", f"entry {i} names no sub-module (e.g. encoder/rnmt)")
     if t.schedule == "rnmt_plus" and t.decay_end <= t.decay_start:
         fail("training.decay_end", f"{t.decay_end} must exceed training.decay_start="
              f"{t.decay_start}")
     if cfg.decoding.n_best > cfg.decoding.beam_size:
         fail("decoding.n_best", f"{cfg.decoding.n_best} exceeds decoding.beam_size="
              f"{cfg.decoding.beam_size}")
+
+
+def _validate_hybrid(m, fail):
+    """Cross-field checks of the hybrid architectures (Chen et al. 2018 section 6)."""
+    encoder_type, decoder_type = model_components(m)
+    embedding_types = {"cascaded": "rnmt_plus",
+                       "multi_column": m.hybrid.columns[0] if m.hybrid.columns else None}
+    source_embedding = embedding_types.get(encoder_type, encoder_type)
+    if encoder_type == "multi_column":
+        if not m.hybrid.columns:
+            fail("model.hybrid.columns", "a multi-column encoder needs at least one column")
+        if "transformer" in m.hybrid.columns and m.d_model % m.num_heads:
+            fail("model.num_heads", f"{m.num_heads} does not divide model.d_model={m.d_model} "
+                 "(a Transformer column)")
+    if encoder_type == "cascaded" and m.d_model % m.num_heads:
+        fail("model.num_heads", f"{m.num_heads} does not divide model.d_model={m.d_model} "
+             "(the cascade's Transformer layers)")
+    if encoder_type in ("cascaded", "multi_column") and m.transparent_attention.enabled:
+        fail("model.transparent_attention.enabled", f"transparent attention is not defined "
+             f"for the {encoder_type} encoder (its layers differ in width)")
+    if m.tie_source_target_embeddings and source_embedding != decoder_type:
+        fail("model.tie_source_target_embeddings", f"the source embedding is a "
+             f"{source_embedding} embedding and the target one a {decoder_type} embedding "
+             "(scaled by sqrt(d_model) or not, initialised differently): set it to false")
 
 
 def _apply_override(data: Dict[str, Any], override: str, locator: _Locator):
@@ -579,7 +677,8 @@ def config_to_dict(cfg) -> Dict[str, Any]:
         if f.metadata.get("internal"):
             continue
         v = getattr(cfg, f.name)
-        out[f.name] = config_to_dict(v) if dataclasses.is_dataclass(v) else v
+        out[f.name] = (config_to_dict(v) if dataclasses.is_dataclass(v) else
+                       list(v) if isinstance(v, tuple) else v)
     return out
 
 
@@ -605,8 +704,37 @@ def describe_config(cls=Config, prefix: str = "") -> List[Tuple[str, Any, str]]:
             rows.extend(describe_config(tp, f"{prefix}{f.name}."))
         else:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = list(default) if isinstance(default, tuple) else default  # a YAML list
             help_ = f.metadata.get("help", "")
             if f.metadata.get("choices"):
                 help_ += f" One of: {', '.join(map(str, f.metadata['choices']))}."
             rows.append((f"{prefix}{f.name}", default, help_))
     return rows
+
+
+def config_reference_markdown() -> str:
+    """The text of ``docs/CONFIG.md``: every key, its default and its description.
+
+    Regenerate with ``python -m deep_nmt_tf.config > docs/CONFIG.md`` (a test checks it is
+    current).
+    """
+    lines = ["# Configuration reference", "",
+             "Generated from `deep_nmt_tf/config.py` by `python -m deep_nmt_tf.config`; every key "
+             "can be set in YAML or with `--override=KEY=VALUE`.", ""]
+    section = None
+    for key, default, help_ in describe_config():
+        top = key.split(".")[0]
+        if top != section:
+            section = top
+            lines += [f"## {section}", "", "| key | default | meaning |", "| --- | --- | --- |"]
+        lines.append(f"| `{key}` | `{default!r}` | {help_.replace('|', '/')} |")
+    text = []
+    for line in lines:  # a blank line before each new section's heading
+        if line.startswith("## ") and text and text[-1] != "":
+            text.append("")
+        text.append(line)
+    return "\n".join(text) + "\n"
+
+
+if __name__ == "__main__":
+    print(config_reference_markdown(), end="")

@@ -102,3 +102,11 @@ def test_every_key_is_documented():
                 "training.batch_tokens", "training.learning_rate"):
         assert key in keys
     assert all(help_ for _, _, help_ in rows)
+
+
+def test_config_reference_is_current():
+    from deep_nmt_tf.config import config_reference_markdown
+
+    path = os.path.join(ROOT, "docs", "CONFIG.md")
+    assert open(path, encoding="utf-8").read() == config_reference_markdown(), (
+        "docs/CONFIG.md is stale: python -m deep_nmt_tf.config > docs/CONFIG.md")

@@ -11,6 +11,7 @@ from keras import ops
 from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.embedding import TokenEmbedding
 from deep_nmt_tf.layers.transparent_attention import TransparentAttention
+from deep_nmt_tf.models.hybrid import CascadedEncoder, MultiColumnEncoder
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder, rnmt_embedding
 from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
 
@@ -47,7 +48,7 @@ def _model_config(config_dict):
 
 #: type -> ``builder(model_config, dtype_policy, name) -> TokenEmbedding``.
 EMBEDDING_BUILDERS: Dict[str, Callable] = {}
-#: type -> ``builder(model_config, embedding, dtype_policy) -> encoder layer``.
+#: type -> ``builder(model_config, embedding, dtype_policy, name="encoder") -> encoder layer``.
 ENCODER_BUILDERS: Dict[str, Callable] = {}
 #: type -> ``builder(model_config, embedding, dtype_policy, memory_dim) -> decoder layer``.
 DECODER_BUILDERS: Dict[str, Callable] = {}
@@ -97,9 +98,9 @@ def _transformer_options(cfg, policy):
 
 
 @register_component("encoder", "transformer")
-def _transformer_encoder(cfg, embedding, policy):
+def _transformer_encoder(cfg, embedding, policy, name="encoder"):
     common, dlcl, self_shortcuts, _ = _transformer_options(cfg, policy)
-    return TransformerEncoder(embedding, cfg.encoder_layers, name="encoder",
+    return TransformerEncoder(embedding, cfg.encoder_layers, name=name,
                               dlcl=dlcl if cfg.dlcl.encoder else None,
                               shortcuts=self_shortcuts, **common)
 
@@ -126,11 +127,49 @@ def _rnmt_cell_options(cfg):
 
 
 @register_component("encoder", "rnmt_plus")
-def _rnmt_encoder(cfg, embedding, policy):
+def _rnmt_encoder(cfg, embedding, policy, name="encoder"):
     return RNMTPlusEncoder(embedding, cfg.encoder_layers, units=cfg.rnmt.encoder_units or
                            cfg.d_model, output_dim=cfg.d_model, dropout=cfg.residual_dropout,
-                           embedding_dropout=cfg.input_dropout, dtype=policy, name="encoder",
+                           embedding_dropout=cfg.input_dropout, dtype=policy, name=name,
                            **_rnmt_cell_options(cfg))
+
+
+# Hybrid encoders (Chen et al. 2018 section 6; deep_nmt_tf.models.hybrid).  The cascade's source
+# embedding is the RNMT+ one; a multi-column encoder's is its first column's (the other columns
+# build their own).
+@register_component("embedding", "cascaded")
+def _cascaded_embedding(cfg, policy, name):
+    return _rnmt_embedding(cfg, policy, name)
+
+
+@register_component("encoder", "cascaded")
+def _cascaded_encoder(cfg, embedding, policy, name="encoder"):
+    rnmt = _rnmt_encoder(cfg, embedding, policy, name="rnmt")
+    return CascadedEncoder(rnmt, cfg.hybrid.cascade_layers, num_heads=cfg.num_heads,
+                           ffn_dim=cfg.ffn_dim, norm=cfg.norm,
+                           residual_dropout=cfg.residual_dropout,
+                           attention_dropout=cfg.attention_dropout,
+                           relu_dropout=cfg.relu_dropout,
+                           layer_norm_epsilon=cfg.layer_norm_epsilon, dtype=policy, name=name)
+
+
+@register_component("embedding", "multi_column")
+def _multi_column_embedding(cfg, policy, name):
+    return _builder(EMBEDDING_BUILDERS, "embedding", cfg.hybrid.columns[0])(cfg, policy, name)
+
+
+@register_component("encoder", "multi_column")
+def _multi_column_encoder(cfg, embedding, policy, name="encoder"):
+    columns = []
+    for i, kind in enumerate(cfg.hybrid.columns):
+        if i:
+            embedding = _builder(EMBEDDING_BUILDERS, "embedding", kind)(
+                cfg, policy, f"column_{i}_embedding")
+        columns.append(_builder(ENCODER_BUILDERS, "encoder", kind)(
+            cfg, embedding, policy, name=f"column_{i}"))
+    return MultiColumnEncoder(columns, output_dim=cfg.d_model,
+                              layer_norm_epsilon=cfg.layer_norm_epsilon, dtype=policy,
+                              name=name)
 
 
 @register_component("decoder", "rnmt_plus")
@@ -220,7 +259,7 @@ class Seq2SeqModel(keras.Model):
         self.encoder = _builder(ENCODER_BUILDERS, "encoder", encoder_type)(
             cfg, source_embedding, policy)
         self.decoder = _builder(DECODER_BUILDERS, "decoder", decoder_type)(
-            cfg, target_embedding, policy, cfg.d_model)
+            cfg, target_embedding, policy, getattr(self.encoder, "d_model", cfg.d_model))
         self.transparent_attention = None
         ta = cfg.transparent_attention
         if ta.enabled:

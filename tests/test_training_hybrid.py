@@ -1,0 +1,162 @@
+"""Hybrids on the TensorFlow side (Chen et al. 2018 section 6): each hybrid trains with falling
+loss; warm start loads exactly the named variables from an earlier run's checkpoint; a frozen
+encoder stays bit-identical while the rest trains; mismatches and bad paths fail naming the
+key.  Tiny models (d_model 16, 1-2 layers), few steps."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from deep_nmt_tf.config import ConfigError
+from test_training_helpers import NO_DROPOUT, ROOT, make_batches, make_trainer_class, tiny_config
+
+RNMT = {"encoder_units": 8, "decoder_units": 16, "attention_heads": 2, "attention_dim": 16}
+
+
+def _model(architecture, **keys):
+    model = dict(architecture=architecture, tie_source_target_embeddings=False,
+                 tie_softmax_embeddings=architecture == "rnmt_transformer", rnmt=dict(RNMT),
+                 hybrid={"cascade_layers": 1, "columns": ["rnmt_plus", "transformer"]},
+                 encoder_layers=2, **NO_DROPOUT)
+    model.update(keys)
+    return model
+
+
+def _losses(trainer):
+    logs = []
+    trainer.train(hooks=[lambda t, s, l: logs.append(l["loss"])])
+    return logs
+
+
+# The cascade trains (warm-started and partly frozen) in the warm-start test below; the
+# multi-column hybrid on the demo corpus in the export test at the end.
+@pytest.mark.parametrize("architecture", ["transformer_rnmt", "rnmt_transformer"])
+def test_hybrid_trains_with_falling_loss(tmp_path, architecture):
+    cfg = tiny_config(_model(architecture, encoder_layers=1), train_steps=12, learning_rate=1e-2,
+                      checkpoint_every=100)
+    trainer = make_trainer_class(make_batches(2, batch_size=8, seed=1))(cfg, str(tmp_path))
+    losses = _losses(trainer)
+    assert np.isfinite(losses).all(), losses
+    assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+    """An RNMT+ run (2 encoder layers) whose final checkpoint the cascade starts from."""
+    model_dir = str(tmp_path_factory.mktemp("rnmt"))
+    cfg = tiny_config(_model("rnmt_plus"), train_steps=2, checkpoint_every=100)
+    trainer = make_trainer_class()(cfg, model_dir)
+    trainer.train()
+    return model_dir, trainer
+
+
+def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_path,
+                                                                           source_run):
+    source_dir, source = source_run
+    ckpt = tf.train.latest_checkpoint(source_dir)
+    reader = tf.train.load_checkpoint(ckpt)
+    # Source values by path relative to the source encoder (checkpoint layout: by position).
+    index = {id(v): i for i, v in enumerate(source.model.variables)}
+    prefix = source.model.encoder.path + "/"
+    want = {v.path[len(prefix):]: reader.get_tensor(
+        f"model/variables/{index[id(v)]}/.ATTRIBUTES/VARIABLE_VALUE")
+        for v in source.model.encoder.weights}
+
+    cfg = tiny_config(_model("cascaded"), train_steps=12, learning_rate=1e-2,
+                      checkpoint_every=100,
+                      warm_start={"checkpoint": source_dir, "source": "encoder",
+                                  "target": "encoder/rnmt"},
+                      freeze=["encoder/rnmt"])
+    trainer = make_trainer_class()(cfg, str(tmp_path / "cascaded"))
+    rnmt = trainer.model.encoder.rnmt
+    rprefix = rnmt.path + "/"
+    got = {v.path[len(rprefix):]: v.numpy() for v in rnmt.weights}
+    assert sorted(got) == sorted(want) and len(got) == len(rnmt.weights) > 0
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # Nothing else came from the checkpoint: the rest keeps its fresh initialisation, which
+    # matches no checkpointed tensor of the same shape.
+    rnmt_ids = {id(v) for v in rnmt.weights}
+    values = [reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+              if k.startswith("model/variables/")]
+    for v in trainer.model.weights:
+        if id(v) in rnmt_ids or np.all(v.numpy() == v.numpy().flat[0]):
+            continue  # constant initialisations (biases, LayerNorm) are not evidence
+        assert not any(x.shape == tuple(v.shape) and np.array_equal(x, v.numpy())
+                       for x in values), v.path
+
+    # Frozen: excluded from the optimizer; bit-identical after training, the rest changes.
+    trainable = {id(v) for v in trainer.trainable_variables}
+    assert not rnmt_ids & trainable
+    assert len(trainable) == len(trainer.model.trainable_variables) - len(
+        rnmt.trainable_weights)
+    before = {v.path: v.numpy().copy() for v in trainer.model.weights}
+    losses = _losses(trainer)
+    assert np.mean(losses[-3:]) < losses[0] - 0.15, losses  # the cascade trains
+    for v in trainer.model.weights:
+        if id(v) in rnmt_ids:
+            np.testing.assert_array_equal(v.numpy(), before[v.path], err_msg=v.path)
+    changed = [v.path for v in trainer.trainable_variables
+               if not np.array_equal(v.numpy(), before[v.path])]
+    assert len(changed) == len(trainer.trainable_variables), (
+        set(v.path for v in trainer.trainable_variables) - set(changed))
+
+
+def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
+    source_dir, _ = source_run
+    bad = _model("cascaded", rnmt=dict(RNMT, encoder_units=4), encoder_layers=3)
+    cfg = tiny_config(bad, warm_start={"checkpoint": source_dir, "source": "encoder",
+                                       "target": "encoder/rnmt"})
+    with pytest.raises(ConfigError) as e:
+        make_trainer_class()(cfg, str(tmp_path / "bad"))
+    msg = str(e.value)
+    assert "training.warm_start" in msg
+    assert "layer_2/forward/cell/kernel: only in this model's encoder/rnmt" in msg
+    assert "layer_0/forward/cell/kernel: checkpoint shape" in msg
+
+
+@pytest.mark.parametrize("training,key", [
+    (dict(freeze=["encoder/nothing"]), "training.freeze[0]"),
+    (dict(warm_start={"checkpoint": "/nonexistent/run"}), "training.warm_start.checkpoint"),
+])
+def test_bad_warm_start_or_freeze_paths_name_the_key(tmp_path, training, key):
+    cfg = tiny_config(_model("cascaded"), **training)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
+        make_trainer_class()(cfg, str(tmp_path / "run"))
+
+
+def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
+    """The YAML path end to end: the RNMT+ demo config switched to the multi-column hybrid
+    trains on the synthetic demo corpus (loss falling), beam-searches, and the exported
+    SavedModel translates as the in-process translator does."""
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
+    from deep_nmt_tf.training import Trainer
+
+    overrides = [
+        "model.architecture=multi_column", "model.hybrid.columns=[rnmt_plus, transformer]",
+        "model.d_model=32", "model.num_heads=2", "model.ffn_dim=64",
+        "model.rnmt.encoder_units=16", "model.rnmt.decoder_units=32",
+        "model.rnmt.attention_dim=32", "model.encoder_layers=1", "model.decoder_layers=1",
+        "model.input_dropout=0", "model.residual_dropout=0", "model.attention_dropout=0",
+        "data.synthetic_train_size=300", "data.synthetic_dev_size=8",
+        "data.synthetic_test_size=8", "data.vocab_size=100", "data.max_dev_sentences=4",
+        "data.shuffle_buffer=64", "training.train_steps=12", "training.batch_tokens=400",
+        "training.schedule=constant", "training.learning_rate=1e-2", "training.eval_every=0",
+        "training.adaptive_clipping.enabled=false", "training.log_every=4",
+        "decoding.beam_size=2", "decoding.batch_size=4", "decoding.max_length_b=3",
+        "decoding.max_length_a=1.0"]
+    config = load_config(os.path.join(ROOT, "configs", "rnmt_plus_demo.yaml"), overrides)
+    model_dir = str(tmp_path / "run")
+    losses = _losses(Trainer(config, model_dir))
+    assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
+    translator = Translator.from_model_dir(model_dir)
+    assert type(translator.model.encoder).__name__ == "MultiColumnEncoder"
+    with open(translator.config.data.test_source, encoding="utf-8") as f:
+        sentences = [line.rstrip("\n") for line in f][:3]
+    want = [t.decode("utf-8") for t in translator.translate_batch(sentences)["translations"]]
+    loaded = load_saved_model(export_model_dir(model_dir, str(tmp_path / "export")))
+    out = loaded.signatures["serving_default"](text=tf.constant(sentences))
+    assert [t.decode("utf-8") for t in out["translations"].numpy()] == want
