@@ -42,8 +42,10 @@ strategy.  Logs: a console line every ``training.log_every`` steps, TensorBoard 
 ``MODEL_DIR/train`` (loss, nll, perplexity, learning_rate, grad_norm, tokens_per_second,
 skipped_updates, the gradient transforms' statistics, the model's mixing weights
 (:meth:`Trainer.model_diagnostics`), and every ``training.grad_norm_ratio_every`` steps Bapna et
-al.'s ``grad_norm_ratio``; heatmaps ``weights/...`` of the mixing matrices,
-:func:`deep_nmt_tf.training.diagnostics.write_weight_images`) and ``MODEL_DIR/eval`` (loss, nll,
+al.'s ``grad_norm_ratio``, ``grad_norm_h1`` and ``grad_norm_hN``, also in the console log;
+every ``training.diagnostics_every`` steps (default ``log_every``) heatmaps ``weights/...`` of
+the mixing matrices and the mean lexical-shortcut gates ``gates/...`` on a fixed batch,
+:meth:`Trainer.write_diagnostics`) and ``MODEL_DIR/eval`` (loss, nll,
 perplexity, bleu, mean lexical-shortcut gates on the first dev batch).
 """
 
@@ -64,6 +66,7 @@ from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.training import checkpoints as ckpt_lib
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import losses, metrics, optimizers, schedules
+from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.strategy import is_chief
 
 __all__ = ["Trainer", "TrainHook"]
@@ -184,7 +187,9 @@ class Trainer:
 
         with self.strategy.scope():
             self.model = self.build_model()
-            self._trainable_variables = list(self.model.trainable_variables)
+            # Warm start (fresh runs) and freezing: training.warm_start, training.freeze.
+            self._trainable_variables = warm_start_lib.initialize(self.model, self.config,
+                                                                  model_dir)
             self.schedule = schedules.build_schedule(
                 self.config, num_replicas=self.strategy.num_replicas_in_sync)
             self.optimizer = optimizers.build_optimizer(self.config, self.schedule)
@@ -245,6 +250,7 @@ class Trainer:
             input_signature=[tf.TensorSpec([None, None], tf.int32),
                              tf.TensorSpec([], tf.int32)])
         self._writers: Dict[str, tf.summary.SummaryWriter] = {}
+        self._gate_batch = self._gates_fn = None  # write_diagnostics' fixed batch.
 
     # ------------------------------------------------------------------------------------
     # Components (override in a subclass to swap one)
@@ -579,20 +585,25 @@ class Trainer:
             ratio = {k: logs.pop(k) for k in diagnostics_lib.RATIO_KEYS if k in logs}
             if ratio:
                 metrics.write_scalars(writer, step, ratio)
+                logging.info("step %d: grad-norm ratio %.4g (|dL/dh_1| %.4g, |dL/dh_N| %.4g)",
+                             step, ratio["grad_norm_ratio"], ratio["grad_norm_h1"],
+                             ratio["grad_norm_hN"])
             window.add(logs)
             logs.update(ratio)
             if step % t.log_every == 0 or step == last:
                 summary = window.summary()
                 summary["skipped_updates"] = float(self.skipped_updates.numpy())
                 metrics.write_scalars(writer, step, {**summary, **self.model_diagnostics()})
-                if self.is_chief:
-                    diagnostics_lib.write_weight_images(writer, step, self.model)
                 logging.info("step %d/%d: loss %.4f (nll %.4f, ppl %.2f), lr %.3e, |g| %.3f, "
                              "%.0f tok/s%s", step, last, summary["loss"], summary["nll"],
                              summary["perplexity"], summary["learning_rate"],
                              summary["grad_norm"], summary["tokens_per_second"],
                              f", {window.skipped} skipped" if window.skipped else "")
                 window = _LogWindow()
+            if step % (t.diagnostics_every or t.log_every) == 0 or step == last:
+                start = time.perf_counter()
+                self.write_diagnostics(writer, step)
+                window.exclude(time.perf_counter() - start)
             if step % t.checkpoint_every == 0 or step == last:
                 start = time.perf_counter()
                 self.save_checkpoint()
@@ -632,6 +643,31 @@ class Trainer:
                     if j <= i:
                         out[f"{name}/row_{i}/input_{j}"] = float(matrix[i, j])
         return out
+
+    def write_diagnostics(self, writer, step: int) -> None:
+        """Every ``training.diagnostics_every`` steps (default ``log_every``), chief only: the
+        heatmaps of the mixing matrices (``weights/...``,
+        :func:`~deep_nmt_tf.training.diagnostics.write_weight_images`) and, with lexical
+        shortcuts, the mean gates per layer on a fixed batch (``gates/...``; the first dev
+        batch, else the first training micro-batch)."""
+        if not self.is_chief:
+            return
+        diagnostics_lib.write_weight_images(writer, step, self.model)
+        if not diagnostics_lib.has_shortcut_gates(self.model):
+            return
+        if self._gate_batch is None:
+            dataset = self.build_eval_dataset()
+            if dataset is None:
+                dataset = self.build_train_dataset(None)
+            batch = next(iter(dataset))
+            self._gate_batch = {k: tf.cast(batch[k], tf.int32)
+                                for k in ("source_ids", "target_input_ids")}
+            self._gates_fn = tf.function(
+                lambda s, t: self.model.lexical_shortcut_gates(
+                    {"source_ids": s, "target_input_ids": t}, training=False))
+        gates = diagnostics_lib.shortcut_gate_scalars(self.model, self._gate_batch,
+                                                      gates_fn=self._gates_fn)
+        metrics.write_scalars(writer, step, gates)
 
     def evaluate(self, write_summaries: bool = True) -> Dict[str, float]:
         """Dev loss, NLL, perplexity and (``training.eval_bleu``) greedy BLEU.
