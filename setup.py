@@ -44,15 +44,14 @@ setup(
         "absl-py>=2.1",
         "pyyaml>=6.0",
         "numpy>=1.26",
+        "matplotlib>=3.8",  # deep-nmt-plot-diagnostics / deep-nmt-probe-layers figures
     ],
     extras_require={
         "test": [
             "pytest>=8",
             "jax[cpu]>=0.4.30",
-            "matplotlib>=3.8",
         ],
         "jax": ["jax>=0.4.30"],
-        "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
     classifiers=[
