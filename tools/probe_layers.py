@@ -26,8 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from absl import app, flags
 
