@@ -24,13 +24,21 @@ def test_shipped_configs_load(path):
     assert isinstance(cfg, Config)
 
 
+ENC = "model.encoder.transformer"
+LR = "training.schedule.transformer.scale"
+
+
 def test_overrides_and_types(tmp_path):
-    path = _write(tmp_path, "model:\n  d_model: 64\n  num_heads: 4\n")
-    cfg = load_config(path, overrides=["training.learning_rate=1e-3", "model.norm=pre",
+    path = _write(tmp_path, "model:\n  d_model: 64\n  encoder:\n    transformer:\n"
+                            "      num_heads: 4\n")
+    cfg = load_config(path, overrides=[f"{LR}=1e-3", f"{ENC}.norm=pre",
                                        "training.jit_compile=true", "data.corpus=synthetic"])
-    assert cfg.model.d_model == 64 and cfg.training.learning_rate == 1e-3
-    assert cfg.model.norm == "pre" and cfg.training.jit_compile is True
-    assert isinstance(cfg.training.learning_rate, float)
+    assert cfg.model.d_model == 64 and cfg.training.schedule.transformer.scale == 1e-3
+    assert cfg.model.encoder.transformer.norm == "pre" and cfg.training.jit_compile is True
+    assert isinstance(cfg.training.schedule.get().scale, float)
+
+
+_T = "model:\n  encoder:\n    transformer:\n"  # the encoder's options start on line 4
 
 
 @pytest.mark.parametrize("text,override,fragment", [
@@ -38,11 +46,14 @@ def test_overrides_and_types(tmp_path):
     ("modle:\n  d_model: 64\n", (), "c.yaml:1: modle: unknown key"),
     ("model:\n  d_model: abc\n", (), "c.yaml:2: model.d_model: expected int"),
     ("model:\n  d_model: true\n", (), "model.d_model: expected int"),
-    ("model:\n  residual_dropout: -0.1\n", (), "c.yaml:2: model.residual_dropout: -0.1 is out of range"),
-    ("model:\n  d_model: 100\n  num_heads: 8\n", (), "c.yaml:3: model.num_heads: 8 does not divide"),
-    ("model:\n  norm: middle\n", (), "c.yaml:2: model.norm: 'middle' is not one of pre, post"),
-    ("training:\n  learning_rate: 0\n", (), "training.learning_rate: 0.0 is out of range"),
-    ("", ("model.encoder_layers=0",), "--override: model.encoder_layers: 0 is out of range"),
+    (_T + "      residual_dropout: -0.1\n", (),
+     f"c.yaml:4: {ENC}.residual_dropout: -0.1 is out of range"),
+    ("model:\n  d_model: 100\n  encoder:\n    transformer:\n      num_heads: 8\n", (),
+     f"c.yaml:5: {ENC}.num_heads: 8 does not divide"),
+    (_T + "      norm: middle\n", (), f"c.yaml:4: {ENC}.norm: 'middle' is not one of pre, post"),
+    ("training:\n  schedule:\n    transformer:\n      scale: 0\n", (),
+     f"{LR}: 0.0 is out of range"),
+    ("", (f"{ENC}.num_layers=0",), f"--override: {ENC}.num_layers: 0 is out of range"),
     ("", ("model.nope=1",), "--override: model.nope: unknown key"),
     ("", ("training.train_steps",), "expected KEY=VALUE"),
     ("- a\n- b\n", (), "top level must be a mapping"),
@@ -66,10 +77,12 @@ def test_missing_file_and_bad_utf8(tmp_path):
 
 
 def test_base_include_and_cycle(tmp_path):
-    _write(tmp_path, "model:\n  d_model: 64\n  num_heads: 4\n", "base.yaml")
-    child = _write(tmp_path, "base: base.yaml\nmodel:\n  num_heads: 2\n", "child.yaml")
+    _write(tmp_path, "model:\n  d_model: 64\n  encoder:\n    transformer:\n"
+                     "      num_heads: 4\n", "base.yaml")
+    child = _write(tmp_path, "base: base.yaml\n" + _T + "      num_layers: 2\n", "child.yaml")
     cfg = load_config(child)
-    assert (cfg.model.d_model, cfg.model.num_heads) == (64, 2)
+    assert (cfg.model.d_model, cfg.model.encoder.transformer.num_heads,
+            cfg.model.encoder.transformer.num_layers) == (64, 4, 2)
     a = _write(tmp_path, "base: b.yaml\n", "a.yaml")
     _write(tmp_path, "base: a.yaml\n", "b.yaml")
     with pytest.raises(ConfigError, match="cycle"):
@@ -96,10 +109,13 @@ def test_training_data_required_only_for_training(tmp_path):
 def test_every_key_is_documented():
     rows = describe_config()
     keys = {r[0] for r in rows}
-    for key in ("model.d_model", "model.num_heads", "model.ffn_dim", "model.encoder_layers",
-                "model.decoder_layers", "model.norm", "data.train_source", "data.train_target",
-                "data.dev_source", "data.dev_target", "data.vocab", "training.train_steps",
-                "training.batch_tokens", "training.learning_rate"):
+    for key in ("model.d_model", f"{ENC}.num_heads", f"{ENC}.ffn_dim", f"{ENC}.num_layers",
+                "model.decoder.transformer.num_layers", f"{ENC}.norm", "model.encoder.type",
+                "model.encoder.rnmt_plus.units", "model.decoder.rnmt_plus.attention_heads",
+                "model.encoder.cascaded.stages", "model.encoder.multi_column.columns",
+                "data.train_source", "data.train_target", "data.dev_source", "data.dev_target",
+                "data.vocab", "training.train_steps", "training.batch_tokens",
+                "training.schedule.type", LR, "training.schedule.inverse_sqrt.learning_rate"):
         assert key in keys
     assert all(help_ for _, _, help_ in rows)
 
@@ -110,3 +126,101 @@ def test_config_reference_is_current():
     path = os.path.join(ROOT, "docs", "CONFIG.md")
     assert open(path, encoding="utf-8").read() == config_reference_markdown(), (
         "docs/CONFIG.md is stale: python -m deep_nmt_tf.config > docs/CONFIG.md")
+
+
+# --------------------------------------------------------------------------------------------
+# One-of sections, moved keys, run directories of 0.1
+# --------------------------------------------------------------------------------------------
+
+
+def test_one_of_selects_its_section_and_refuses_the_keys_of_another_type(tmp_path):
+    cfg = load_config(_write(tmp_path, "model:\n  encoder:\n    type: rnmt_plus\n"
+                                       "    rnmt_plus:\n      units: 32\n"),
+                      overrides=["model.tie_source_target_embeddings=false"])
+    assert cfg.model.encoder.type == "rnmt_plus" and cfg.model.encoder.get().units == 32
+    path = _write(tmp_path, "model:\n  encoder:\n    type: rnmt_plus\n    transformer:\n"
+                            "      num_layers: 3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:4: model.encoder.transformer: set, but "
+                                          r"model.encoder.type is 'rnmt_plus'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"--override: model.decoder.rnmt_plus.units: set, "
+                                          r"but model.decoder.type is 'transformer'"):
+        load_config(None, overrides=["model.decoder.rnmt_plus.units=8"])
+
+
+def test_a_child_file_may_switch_the_type_its_base_chose(tmp_path):
+    _write(tmp_path, _T + "      num_layers: 3\ntraining:\n  schedule:\n    type: "
+                          "transformer\n    transformer:\n      scale: 1.0\n", "base.yaml")
+    child = _write(tmp_path, "base: base.yaml\nmodel:\n  tie_source_target_embeddings: false\n"
+                             "  encoder:\n    type: rnmt_plus\ntraining:\n  schedule:\n"
+                             "    type: constant\n", "child.yaml")
+    cfg = load_config(child)
+    assert cfg.model.encoder.type == "rnmt_plus" and cfg.training.schedule.type == "constant"
+    # An override may switch the type a file chose (the file's options are then ignored).
+    demo = load_config(os.path.join(ROOT, "configs", "demo.yaml"), overrides=[
+        "model.encoder.type=rnmt_plus", "model.tie_source_target_embeddings=false"])
+    assert demo.model.encoder.type == "rnmt_plus"
+
+
+@pytest.mark.parametrize("text,override,fragment", [
+    ("model:\n  encoder_layers: 12\n", (), "c.yaml:2: model.encoder_layers: this key moved "
+     "in deep_nmt_tf 0.2: use model.encoder.<type>.num_layers"),
+    ("model:\n  dlcl:\n    encoder: true\n", (), "model.dlcl: this key moved in deep_nmt_tf "
+     "0.2: use model.encoder.transformer.dlcl"),
+    ("training:\n  learning_rate: 1.0e-3\n", (), "training.learning_rate: this key moved"),
+    ("training:\n  schedule: inverse_sqrt\n", (), "training.schedule: is now a section"),
+    ("", ("model.num_heads=4",), "--override model.num_heads: this key moved in deep_nmt_tf 0.2: "
+     "use model.encoder.transformer.num_heads and model.decoder.transformer.num_heads"),
+    ("", ("model.encoder.type=lstm",), "model.encoder.type: 'lstm' is not a registered "
+     "encoder type (known: cascaded, multi_column, rnmt_plus, transformer"),
+    ("", ("model.encoder.multi_column.columns=[]", "model.encoder.type=multi_column",
+          "model.tie_source_target_embeddings=false"),
+     "model.encoder.multi_column.columns: a multi-column encoder needs at least one column"),
+])
+def test_moved_keys_and_unknown_types_are_named(tmp_path, text, override, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, text), overrides=override)
+    assert fragment in str(err.value)
+
+
+def test_non_finite_numbers_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"training.schedule.transformer.scale: 'nan' is not a "
+                                          r"finite number"):
+        load_config(None, overrides=[f"{LR}=nan"])
+    with pytest.raises(ConfigError, match=r"c.yaml:2: model.layer_norm_epsilon: inf is not a "
+                                          r"finite number"):
+        load_config(_write(tmp_path, "model:\n  layer_norm_epsilon: .inf\n"))
+
+
+def test_legacy_run_configs_upgrade_to_the_same_config():
+    """A 0.1 run directory's resolved config.yaml translates to the config of the same model
+    and recipe (here: the 0.1 form of configs/demo.yaml and of a cascaded hybrid)."""
+    from deep_nmt_tf.config import config_from_dict
+    from deep_nmt_tf.config.legacy import is_legacy, upgrade
+
+    old = {"model": {"architecture": "transformer", "vocab_size": 0, "d_model": 128,
+                     "num_heads": 4, "ffn_dim": 512, "encoder_layers": 3, "decoder_layers": 3,
+                     "norm": "pre", "input_dropout": 0.1, "residual_dropout": 0.1,
+                     "relu_dropout": 0.0, "attention_dropout": 0.0,
+                     "tie_source_target_embeddings": True, "tie_softmax_embeddings": True,
+                     "dlcl": {"encoder": False, "decoder": False},
+                     "lexical_shortcuts": {"enabled": False, "placement": "self"}},
+           "training": {"schedule": "inverse_sqrt", "learning_rate": 1e-3,
+                        "warmup_steps": 300, "warmup_init_lr": 1e-7, "decay_start": 600000,
+                        "train_steps": 1500}}
+    assert is_legacy(old)
+    new, moved = upgrade(old)
+    assert "model.architecture" in moved and not is_legacy(new)
+    demo = load_config(os.path.join(ROOT, "configs", "demo.yaml"))
+    upgraded = config_from_dict(new)
+    assert config_to_dict(upgraded.model) == config_to_dict(demo.model)
+    assert upgraded.training.schedule == demo.training.schedule
+    cascade, _ = upgrade({"model": {"architecture": "cascaded", "d_model": 16, "num_heads": 2,
+                                    "encoder_layers": 2, "tie_source_target_embeddings": False,
+                                    "hybrid": {"cascade_layers": 3}},
+                          "training": {"freeze": ["encoder/rnmt"]}})
+    cfg = config_from_dict(cascade)
+    stages = cfg.model.encoder.get().stages
+    assert [s.type for s in stages] == ["rnmt_plus", "transformer"]
+    assert (stages[0].get().num_layers, stages[1].get().num_layers) == (2, 3)
+    assert cfg.training.freeze == ("encoder/stages/0",)

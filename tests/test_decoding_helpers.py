@@ -17,15 +17,16 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+_STACK = dict(num_heads=2, ffn_dim=64, norm="pre", input_dropout=0.0, residual_dropout=0.0)
 TINY = {
-    "model": dict(d_model=32, num_heads=2, ffn_dim=64, encoder_layers=1, decoder_layers=2,
-                  norm="pre", input_dropout=0.0, residual_dropout=0.0),
+    "model": dict(d_model=32, encoder=dict(transformer=dict(_STACK, num_layers=1)),
+                  decoder=dict(transformer=dict(_STACK, num_layers=2))),
     "data": dict(corpus="synthetic", synthetic_train_size=400, synthetic_dev_size=12,
                  synthetic_test_size=12, vocab_size=300, num_buckets=2, shuffle_buffer=100,
                  max_source_length=48, max_target_length=48),
-    "training": dict(train_steps=24, batch_tokens=1024, schedule="constant",
-                     learning_rate=3e-3, warmup_steps=0, log_every=8, checkpoint_every=8,
-                     keep_checkpoints=5, eval_every=0),
+    "training": dict(train_steps=24, batch_tokens=1024,
+                     schedule=dict(type="constant", constant=dict(learning_rate=3e-3)),
+                     log_every=8, checkpoint_every=8, keep_checkpoints=5, eval_every=0),
     "decoding": dict(beam_size=3, n_best=2, batch_size=8, max_input_length=40),
 }
 STEPS = (8, 16, 24)

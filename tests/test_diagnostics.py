@@ -202,8 +202,8 @@ def test_decoder_layer_states_match_the_decoder_and_cosines_are_in_range():
                                                                   "placement": "both"}))),
                   _deep_model(dlcl={})):
         states = diagnostics.layer_states(model, batch["source_ids"], batch["target_input_ids"])
-        assert len(states["encoder"]) == model.model_config.encoder_layers + 1
-        assert len(states["decoder"]) == model.model_config.decoder_layers + 1
+        assert len(states["encoder"]) == model.model_config.encoder.get().num_layers + 1
+        assert len(states["decoder"]) == model.model_config.decoder.get().num_layers + 1
         # The replayed decoder is the decoder: its top state gives the model's logits.
         logits = model({"source_ids": batch["source_ids"],
                         "target_input_ids": batch["target_input_ids"]}, training=False)
@@ -239,17 +239,20 @@ DEMO_OVERRIDES = [
     "data.synthetic_train_size=2000", "data.synthetic_dev_size=20",
     "data.synthetic_test_size=20", "data.vocab_size=300", "data.shuffle_buffer=2000",
     # Tiny widths, a 20-layer post-norm encoder.
-    "model.d_model=16", "model.num_heads=2", "model.ffn_dim=32", "model.encoder_layers=20",
-    "model.decoder_layers=1", "model.norm=post",
-    "training.train_steps=8", "training.batch_tokens=1024", "training.schedule=constant",
-    "training.learning_rate=3e-3", "training.grad_norm_ratio_every=1", "training.log_every=8",
+    "model.d_model=16", "model.encoder.transformer.num_layers=20",
+    "model.decoder.transformer.num_layers=1"] + [
+    f"model.{stack}.transformer.{key}" for stack in ("encoder", "decoder")
+    for key in ("num_heads=2", "ffn_dim=32", "norm=post")] + [
+    "training.train_steps=8", "training.batch_tokens=1024", "training.schedule.type=constant",
+    "training.schedule.constant.learning_rate=3e-3", "training.grad_norm_ratio_every=1",
+    "training.log_every=8",
     "training.checkpoint_every=8", "training.eval_every=0",
 ]
 VARIANTS = {
     "post-norm": [],
     "transparent": ["model.transparent_attention.enabled=true"],
-    "dlcl": ["model.dlcl.encoder=true"],
-    "6L post-norm": ["model.encoder_layers=6"],  # Bapna et al. Fig. 1's shallow reference
+    "dlcl": ["model.encoder.transformer.dlcl.enabled=true"],
+    "6L post-norm": ["model.encoder.transformer.num_layers=6"],  # Bapna et al. Fig. 1's shallow reference
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 import keras
 from keras import ops
 
-from deep_nmt_tf.config import ModelConfig
+from flat_config import model_config
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.decoding import beam_search, greedy_search, search
 from deep_nmt_tf.decoding.search import gnmt_length_penalty, output_length_limits
@@ -264,7 +264,7 @@ def test_output_length_limits():
 
 
 def _tiny_transformer():
-    return build_model(ModelConfig(vocab_size=23, d_model=16, num_heads=2, ffn_dim=32,
+    return build_model(model_config(vocab_size=23, d_model=16, num_heads=2, ffn_dim=32,
                                    encoder_layers=1, decoder_layers=2, norm="pre"))
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import keras
 
-from deep_nmt_tf.config import (ConfigError, DLCLConfig, LexicalShortcutsConfig, ModelConfig,
-                                TransparentAttentionConfig, config_from_dict, load_config)
+from deep_nmt_tf.config import ConfigError, TransparentAttentionConfig, load_config
 from deep_nmt_tf.layers.dlcl import dlcl_initial_weights
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.models import Seq2SeqModel, build_model
+from flat_config import flat_config, model_config
 from keras_test_utils import assert_config_roundtrip, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +28,7 @@ SMALL = dict(vocab_size=40, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=
 def _model(**overrides):
     kwargs = dict(SMALL)
     kwargs.update(overrides)
-    return build_model(ModelConfig(**kwargs))
+    return build_model(model_config(**kwargs))
 
 
 def _copy_shared_weights(src, dst):
@@ -66,27 +66,27 @@ def _cached_logits(model, src=SRC, tgt=TGT):
 TA = TransparentAttentionConfig(enabled=True, min_probability=0.05)
 VARIANTS = {
     "transparent": dict(transparent_attention=TA),
-    "dlcl_enc_dec": dict(dlcl=DLCLConfig(encoder=True, decoder=True)),
-    "dlcl_decoder_window_softmax": dict(dlcl=DLCLConfig(decoder=True, window=2, softmax=True,
+    "dlcl_enc_dec": dict(dlcl=dict(encoder=True, decoder=True)),
+    "dlcl_decoder_window_softmax": dict(dlcl=dict(decoder=True, window=2, softmax=True,
                                                         normalize_embedding=True)),
-    "dlcl_fixed_one_no_ln": dict(dlcl=DLCLConfig(encoder=True, decoder=True, weights="one",
+    "dlcl_fixed_one_no_ln": dict(dlcl=dict(encoder=True, decoder=True, weights="one",
                                                  layer_norm=False)),
-    "shortcuts_self": dict(lexical_shortcuts=LexicalShortcutsConfig(enabled=True)),
-    "shortcuts_cross": dict(lexical_shortcuts=LexicalShortcutsConfig(enabled=True,
+    "shortcuts_self": dict(lexical_shortcuts=dict(enabled=True)),
+    "shortcuts_cross": dict(lexical_shortcuts=dict(enabled=True,
                                                                      placement="cross")),
-    "shortcuts_both": dict(lexical_shortcuts=LexicalShortcutsConfig(enabled=True,
+    "shortcuts_both": dict(lexical_shortcuts=dict(enabled=True,
                                                                     placement="both")),
-    "fusion_both": dict(lexical_shortcuts=LexicalShortcutsConfig(
+    "fusion_both": dict(lexical_shortcuts=dict(
         enabled=True, variant="feature_fusion", placement="both")),
-    "non_lexical": dict(decoder_layers=4, lexical_shortcuts=LexicalShortcutsConfig(
+    "non_lexical": dict(decoder_layers=4, lexical_shortcuts=dict(
         enabled=True, source="non_lexical")),
-    "non_lexical_fusion": dict(decoder_layers=4, lexical_shortcuts=LexicalShortcutsConfig(
+    "non_lexical_fusion": dict(decoder_layers=4, lexical_shortcuts=dict(
         enabled=True, variant="feature_fusion", source="non_lexical")),
-    "all_three": dict(transparent_attention=TA, dlcl=DLCLConfig(encoder=True, decoder=True),
-                      lexical_shortcuts=LexicalShortcutsConfig(enabled=True, placement="both")),
+    "all_three": dict(transparent_attention=TA, dlcl=dict(encoder=True, decoder=True),
+                      lexical_shortcuts=dict(enabled=True, placement="both")),
     "all_three_fusion_untied": dict(
-        transparent_attention=TA, dlcl=DLCLConfig(encoder=True, decoder=True, window=2),
-        lexical_shortcuts=LexicalShortcutsConfig(enabled=True, variant="feature_fusion"),
+        transparent_attention=TA, dlcl=dict(encoder=True, decoder=True, window=2),
+        lexical_shortcuts=dict(enabled=True, variant="feature_fusion"),
         tie_source_target_embeddings=False, tie_softmax_embeddings=False),
 }
 
@@ -115,13 +115,13 @@ def test_dlcl_with_residual_weights_reproduces_plain_transformer(norm):
     configuration: weights 'one' with window 1; as learned weights: the identity matrix."""
     plain = _model(norm=norm, input_dropout=0.0)
     ref = to_numpy(plain(INPUTS))
-    fixed = _model(norm=norm, input_dropout=0.0, dlcl=DLCLConfig(
+    fixed = _model(norm=norm, input_dropout=0.0, dlcl=dict(
         encoder=True, decoder=True, weights="one", window=1, layer_norm=False))
     assert _copy_shared_weights(plain, fixed) == []  # no extra variables at all
     np.testing.assert_allclose(to_numpy(fixed(INPUTS)), ref, atol=1e-5)
     np.testing.assert_allclose(_cached_logits(fixed)[TGT != 0], ref[TGT != 0], atol=1e-4)
 
-    learned = _model(norm=norm, dlcl=DLCLConfig(encoder=True, decoder=True, layer_norm=False))
+    learned = _model(norm=norm, dlcl=dict(encoder=True, decoder=True, layer_norm=False))
     extra = _copy_shared_weights(plain, learned)
     assert sorted(extra) == ["seq2seq/decoder/dlcl/weight", "seq2seq/encoder/dlcl/weight"]
     np.testing.assert_allclose(to_numpy(learned.encoder.dlcl.weight_matrix()),
@@ -133,7 +133,7 @@ def test_dlcl_with_residual_weights_reproduces_plain_transformer(norm):
 
 
 def test_dlcl_pre_norm_final_layer_norm_follows_last_combination():
-    model = _model(norm="pre", dlcl=DLCLConfig(encoder=True))
+    model = _model(norm="pre", dlcl=dict(encoder=True))
     _randomise(model, seed=2)
     enc = model.encoder
     out = enc(SRC)
@@ -188,7 +188,7 @@ def test_transparent_attention_pre_norm_mixes_raw_layer_outputs():
 def test_closed_lexical_shortcut_gates_reproduce_standard_attention(placement, norm):
     plain = _model(norm=norm)
     ref = to_numpy(plain(INPUTS))
-    sc = _model(norm=norm, lexical_shortcuts=LexicalShortcutsConfig(enabled=True,
+    sc = _model(norm=norm, lexical_shortcuts=dict(enabled=True,
                                                                     placement=placement))
     extra = _copy_shared_weights(plain, sc)
     n_attn = {"self": 3 + 2, "cross": 2, "both": 3 + 2 + 2}[placement]
@@ -216,8 +216,8 @@ def test_shortcut_sources_lexical_and_non_lexical():
     """Lexical: every layer gets y_0.  Non-lexical (Emelin et al. 4.3): layer n (1-based) gets
     layer n-2's output; layer 2 gets y_0 (n-2 = 0) and layer 1, with no antecedent, y_0 too."""
     outputs = ["y0", "y1", "y2", "y3", "y4", "y5"]
-    lex = _model(encoder_layers=6, lexical_shortcuts=LexicalShortcutsConfig(enabled=True))
-    non = _model(encoder_layers=6, lexical_shortcuts=LexicalShortcutsConfig(
+    lex = _model(encoder_layers=6, lexical_shortcuts=dict(enabled=True))
+    non = _model(encoder_layers=6, lexical_shortcuts=dict(
         enabled=True, source="non_lexical"))
     for stack in (lex.encoder, lex.decoder):
         assert [stack.shortcut_source(outputs, i) for i in range(6)] == ["y0"] * 6
@@ -231,11 +231,11 @@ def test_shortcut_sources_lexical_and_non_lexical():
 
 def test_non_lexical_cross_placement_is_rejected():
     with pytest.raises(ConfigError, match="non_lexical"):
-        config_from_dict({"model": {"lexical_shortcuts": {
-            "enabled": True, "source": "non_lexical", "placement": "both"}}})
+        flat_config({"lexical_shortcuts": {
+            "enabled": True, "source": "non_lexical", "placement": "both"}})
     with pytest.raises(ConfigError, match="normalize_embedding"):
-        config_from_dict({"model": {"dlcl": {"layer_norm": False,
-                                             "normalize_embedding": True}}})
+        flat_config({"dlcl": {"encoder": True, "layer_norm": False,
+                              "normalize_embedding": True}})
     with pytest.raises(ValueError, match="min_probability"):
         _model(encoder_layers=4, transparent_attention=TransparentAttentionConfig(
             enabled=True, min_probability=0.25))
@@ -317,7 +317,7 @@ def _signature(section_overrides, training=False):
     for dotted, value in section_overrides.items():
         section, key = dotted.split(".")
         model_dict[section][key] = value
-    cfg = config_from_dict({"model": model_dict})
+    cfg = flat_config(model_dict)
     keras.utils.set_random_seed(7)
     model = build_model(cfg)
     for v in model.weights:
@@ -351,8 +351,7 @@ def test_every_option_takes_effect(key, value, training):
     params, out = _signature({key: value}, training)
     if key == "dlcl.init":
         # The initial value: compare freshly built weight matrices.
-        model = build_model(config_from_dict({"model": dict(SMALL, dlcl=dict(
-            encoder=True, init=value))}))
+        model = build_model(flat_config(dict(SMALL, dlcl=dict(encoder=True, init=value))))
         np.testing.assert_allclose(to_numpy(model.encoder.dlcl.weight_matrix()),
                                    np.tril(np.ones((4, 4))))
         return
@@ -362,6 +361,12 @@ def test_every_option_takes_effect(key, value, training):
 # --------------------------------------------------------------------------------------------
 # Parameter counts against the papers (d_model 512 / 1024; building only, no forward pass)
 # --------------------------------------------------------------------------------------------
+
+
+PRE_NORM = ["model.encoder.transformer.norm=pre", "model.decoder.transformer.norm=pre"]
+SMALL_OVERRIDES = ["model.vocab_size=40", "model.d_model=16"] + [
+    f"model.{stack}.transformer.{key}" for stack in ("encoder", "decoder")
+    for key in ("num_heads=2", "ffn_dim=32")]
 
 
 def _count(config, *overrides, shortcut_params=False):
@@ -382,7 +387,7 @@ def test_lexical_shortcut_parameter_counts_match_emelin_table5():
     (biased attention projections, pre-norm with a final LayerNorm per stack, as their code)
     a tied vocabulary of 41,066 reproduces all five totals exactly."""
     vocab = "model.vocab_size=41066"
-    base = _count("transformer_base.yaml", vocab, "model.norm=pre")
+    base = _count("transformer_base.yaml", vocab, *PRE_NORM)
     shortcuts = _count("transformer_base_lexical_shortcuts.yaml", vocab)
     fusion = _count("transformer_base_feature_fusion.yaml", vocab)
     assert shortcuts - base == 12 * (2 * 512 * 512 + 2 * 512)  # Eq. 5-6 kernels + 2 gate biases
@@ -401,7 +406,7 @@ def test_deep_encoder_parameter_counts_match_wang_table1():
     filtered) all four totals come out; each extra base encoder layer adds 3,152,384."""
     vocab = "model.vocab_size=34000"
     base_post = _count("transformer_base.yaml", vocab)
-    base_pre = _count("transformer_base.yaml", vocab, "model.norm=pre")
+    base_pre = _count("transformer_base.yaml", vocab, *PRE_NORM)
     deep20 = _count("transformer_deep20_pre.yaml", vocab)
     dlcl25 = _count("dlcl_post_25l.yaml", vocab)
     dlcl30 = _count("dlcl_pre_30l.yaml", vocab)
@@ -416,9 +421,8 @@ def test_deep_encoder_parameter_counts_match_wang_table1():
 
 
 def test_transparent_attention_adds_n_plus_1_times_m_weights():
-    small = ["model.vocab_size=40", "model.d_model=16", "model.num_heads=2", "model.ffn_dim=32"]
-    plain = _count("transformer_deep20_post.yaml", *small)
-    ta = _count("transformer_deep20_post_transparent.yaml", *small)
+    plain = _count("transformer_deep20_post.yaml", *SMALL_OVERRIDES)
+    ta = _count("transformer_deep20_post_transparent.yaml", *SMALL_OVERRIDES)
     assert ta - plain == (20 + 1) * 6
 
 
@@ -434,8 +438,7 @@ DEEP_CONFIGS = ["transformer_deep20_post.yaml", "transformer_deep20_pre.yaml",
 
 @pytest.mark.parametrize("name", DEEP_CONFIGS)
 def test_deep_configs_load_build_and_decode(name):
-    cfg = load_config(os.path.join(ROOT, "configs", name), overrides=[
-        "model.vocab_size=40", "model.d_model=16", "model.num_heads=2", "model.ffn_dim=32"])
+    cfg = load_config(os.path.join(ROOT, "configs", name), overrides=SMALL_OVERRIDES)
     model = build_model(cfg)
     assert isinstance(model, Seq2SeqModel)
     full = to_numpy(model(INPUTS))

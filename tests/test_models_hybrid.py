@@ -4,6 +4,7 @@ merge, serialisation, config validation (backend-agnostic: no TensorFlow import;
 JAX)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from deep_nmt_tf.models import build_model
 from deep_nmt_tf.models.hybrid import CascadedEncoder, MultiColumnEncoder
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder
 from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
+from flat_config import flat_config
 from keras_test_utils import assert_config_roundtrip, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +42,7 @@ def _config(architecture, **model):
                       "attention_dim": D},
                 hybrid={"cascade_layers": 2, "columns": ["rnmt_plus", "transformer"]})
     keys.update(model)
-    return config_from_dict({"model": keys, "data": {"corpus": "synthetic"}}, source="<test>")
+    return flat_config(keys)
 
 
 @pytest.fixture(scope="module", params=sorted(HYBRIDS))
@@ -114,7 +116,7 @@ def test_multi_column_merge_normalises_each_column_then_projects_to_decoder_dim(
         np.testing.assert_allclose(normed[mask].mean(-1), 0.0, atol=1e-4)
     # memory = LayerNorm(concat(columns) @ W + b).
     concat = np.concatenate([to_numpy(c) for c in out["column_outputs"]], axis=-1)
-    assert concat.shape[-1] == sum(c.d_model for c in enc.columns)
+    assert concat.shape[-1] == sum(c.output_dim for c in enc.columns)
     proj = concat @ to_numpy(enc.projection.kernel) + to_numpy(enc.projection.bias)
     want = (proj - proj.mean(-1, keepdims=True)) / np.sqrt(
         proj.var(-1, keepdims=True) + enc.layer_norm_epsilon)
@@ -127,8 +129,9 @@ def test_cascaded_encoder_has_no_positions_and_normalised_input():
     model = build_model(_config("cascaded", input_dropout=0.0, residual_dropout=0.0,
                                 attention_dropout=0.0))
     enc = model.encoder
-    assert enc.rnmt.name == "rnmt" and len(enc.layers_) == 2
-    assert all(v.path.startswith("seq2seq/encoder/rnmt/") for v in enc.rnmt.weights)
+    rnmt, transformer = enc.stages
+    assert rnmt.name == "stage_0" and len(transformer.layers_) == 2
+    assert all(v.path.startswith("seq2seq/encoder/stage_0/") for v in rnmt.weights)
     out = enc(SRC, training=False)
     # layer_outputs: RNMT+ (embedding + 2 layers), the normalised RNMT+ memory, 2 layers.
     assert len(out["layer_outputs"]) == 3 + 1 + 2
@@ -146,35 +149,35 @@ def test_hybrid_encoders_serialise():
 @pytest.mark.parametrize("model,key", [
     (dict(architecture="cascaded", transparent_attention={"enabled": True}),
      "model.transparent_attention.enabled"),
-    (dict(architecture="multi_column", hybrid={"columns": []}), "model.hybrid.columns"),
+    (dict(architecture="multi_column", hybrid={"columns": []}),
+     "model.encoder.multi_column.columns"),
     (dict(architecture="multi_column", hybrid={"columns": ["rnmt_plus", "lstm"]}),
-     "model.hybrid.columns"),
+     "model.encoder.multi_column.columns[1].type"),
     (dict(architecture="transformer_rnmt", tie_source_target_embeddings=True),
      "model.tie_source_target_embeddings"),
-    (dict(architecture="cascaded", d_model=12, num_heads=5), "model.num_heads"),
-    (dict(architecture="cascaded", hybrid={"cascade_layers": 0}), "model.hybrid.cascade_layers"),
+    (dict(architecture="cascaded", d_model=12, num_heads=5),
+     "model.encoder.cascaded.stages[1].transformer.num_heads"),
+    (dict(architecture="cascaded", hybrid={"cascade_layers": 0}),
+     "model.encoder.cascaded.stages[1].transformer.num_layers"),
 ])
 def test_hybrid_config_errors_name_the_key(model, key):
     keys = dict(vocab_size=V, d_model=D, num_heads=2, tie_softmax_embeddings=False,
                 tie_source_target_embeddings=False)
     keys.update(model)
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        config_from_dict({"model": keys, "data": {"corpus": "synthetic"}})
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        flat_config(keys)
 
 
-HYBRID_CONFIGS = {"hybrid_transformer_enc_rnmt_dec.yaml": "transformer_rnmt",
-                  "hybrid_rnmt_enc_transformer_dec.yaml": "rnmt_transformer",
-                  "cascaded_rnmt_transformer.yaml": "cascaded",
-                  "multicolumn_rnmt_transformer.yaml": "multi_column"}
+HYBRID_CONFIGS = {"hybrid_transformer_enc_rnmt_dec.yaml": ("transformer", "rnmt_plus"),
+                  "hybrid_rnmt_enc_transformer_dec.yaml": ("rnmt_plus", "transformer"),
+                  "cascaded_rnmt_transformer.yaml": ("cascaded", "rnmt_plus"),
+                  "multicolumn_rnmt_transformer.yaml": ("multi_column", "rnmt_plus")}
 
 
 @pytest.mark.parametrize("name", sorted(HYBRID_CONFIGS))
 def test_shipped_hybrid_configs_resolve(name):
-    path = os.path.join(ROOT, "configs", name)
-    if not os.path.exists(path):
-        pytest.skip(f"{name} not written yet")
-    cfg = load_config(path)
-    assert cfg.model.architecture == HYBRID_CONFIGS[name]
+    cfg = load_config(os.path.join(ROOT, "configs", name))
+    assert (cfg.model.encoder.type, cfg.model.decoder.type) == HYBRID_CONFIGS[name]
 
 
 @pytest.mark.parametrize("training,key", [
@@ -196,11 +199,11 @@ def test_warm_start_lists_and_scalars_resolve():
     from deep_nmt_tf.config import config_to_dict
 
     cfg = config_from_dict({"data": {"corpus": "synthetic"}, "training": {
-        "warm_start": {"checkpoint": "runs/a", "target": "encoder/rnmt"},
-        "freeze": "encoder/rnmt"}})
+        "warm_start": {"checkpoint": "runs/a", "target": "encoder/stages/0"},
+        "freeze": "encoder/stages/0"}})
     ws = cfg.training.warm_start
     assert (ws.checkpoint, ws.source, ws.target) == (("runs/a",), ("encoder",),
-                                                      ("encoder/rnmt",))
-    assert cfg.training.freeze == ("encoder/rnmt",)
+                                                      ("encoder/stages/0",))
+    assert cfg.training.freeze == ("encoder/stages/0",)
     again = config_from_dict(config_to_dict(cfg))  # lists in the resolved dict round-trip
     assert again.training == cfg.training

@@ -13,11 +13,12 @@ import pytest
 import keras
 from keras import ops
 
-from deep_nmt_tf.config import ModelConfig, RNMTConfig, TransparentAttentionConfig, load_config
+from deep_nmt_tf.config import ConfigError, TransparentAttentionConfig, load_config
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.decoding import beam_search
 from deep_nmt_tf.models import Seq2SeqModel, build_model
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder, rnmt_embedding
+from flat_config import model_config
 from keras_test_utils import assert_config_roundtrip, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,11 +32,11 @@ def _model_config(transparent=False, encoder_units=U, **overrides):
                   encoder_layers=2, decoder_layers=3, input_dropout=0.2, residual_dropout=0.2,
                   attention_dropout=0.2, tie_source_target_embeddings=False,
                   tie_softmax_embeddings=False,
-                  rnmt=RNMTConfig(encoder_units=encoder_units, decoder_units=U,
-                                  attention_heads=2, attention_dim=D),
+                  rnmt=dict(encoder_units=encoder_units, decoder_units=U,
+                            attention_heads=2, attention_dim=D),
                   transparent_attention=TransparentAttentionConfig(enabled=transparent))
     kwargs.update(overrides)
-    return ModelConfig(**kwargs)
+    return model_config(**kwargs)
 
 
 def _inputs(src=SRC, tgt=TGT):
@@ -81,7 +82,7 @@ def test_transparent_attention_mixes_before_the_projection(encoder_units):
     ta = model.transparent_attention
     assert ta.num_outputs == 1
     with_embedding = D == 2 * encoder_units
-    assert ta.num_sources == model.model_config.encoder_layers + int(with_embedding)
+    assert ta.num_sources == model.model_config.encoder.get().num_layers + int(with_embedding)
     encoded = model.encode(SRC)
     memories = model.decoder_memories(encoded)
     assert tuple(memories.shape) == (1, 2, 5, D)
@@ -223,8 +224,10 @@ def test_residual_start_must_skip_a_width_change():
     with pytest.raises(ValueError, match="residual_start"):
         RNMTPlusEncoder(rnmt_embedding(V, D), num_layers=2, units=U, residual_start=0)
     RNMTPlusEncoder(rnmt_embedding(V, D), num_layers=2, units=D // 2, residual_start=0)
-    with pytest.raises(ValueError, match="tie_softmax_embeddings"):
-        build_model(_model_config(tie_softmax_embeddings=True))
+    # The RNMT+ softmax reads [decoder output; context]: its decoder has no tie_softmax key.
+    with pytest.raises(ConfigError, match="model.decoder.rnmt_plus.tie_softmax: unknown key"):
+        load_config(None, overrides=["model.decoder.type=rnmt_plus",
+                                     "model.decoder.rnmt_plus.tie_softmax=true"])
 
 
 def test_demo_config_builds_the_rnmt_model():
@@ -232,19 +235,21 @@ def test_demo_config_builds_the_rnmt_model():
                       overrides=["model.vocab_size=50"])
     model = build_model(cfg)
     assert isinstance(model, Seq2SeqModel) and isinstance(model.encoder, RNMTPlusEncoder)
-    m, r = cfg.model, cfg.model.rnmt
-    assert model.encoder.units == r.encoder_units and model.decoder.units == r.decoder_units
+    m, e, d = cfg.model, cfg.model.encoder.rnmt_plus, cfg.model.decoder.rnmt_plus
+    assert model.encoder.units == e.units and model.decoder.units == d.units
     assert model.encoder.output_dim == m.d_model == model.decoder.memory_dim
-    assert model.decoder.attention.num_heads == r.attention_heads
-    assert model.decoder.attention_dim == r.attention_dim
-    assert len(model.encoder.layers_) == m.encoder_layers
-    assert 1 + len(model.decoder.upper_layers) == m.decoder_layers
-    assert model.encoder.residual_start == model.decoder.residual_start == r.residual_start
-    assert model.encoder.dropout == model.decoder.dropout == m.residual_dropout
-    assert model.encoder.embedding_dropout == model.decoder.embedding_dropout == m.input_dropout
-    assert model.decoder.attention.dropout == m.attention_dropout
-    assert model.decoder.bottom_cell.cell_clip == r.cell_clip
-    assert model.decoder.bottom_cell.forget_bias == r.forget_bias
+    assert model.decoder.attention.num_heads == d.attention_heads
+    assert model.decoder.attention_dim == d.attention_dim
+    assert len(model.encoder.layers_) == e.num_layers
+    assert 1 + len(model.decoder.upper_layers) == d.num_layers
+    assert model.encoder.residual_start == e.residual_start
+    assert model.decoder.residual_start == d.residual_start
+    assert (model.encoder.dropout, model.decoder.dropout) == (e.dropout, d.dropout)
+    assert model.encoder.embedding_dropout == e.embedding_dropout
+    assert model.decoder.embedding_dropout == d.embedding_dropout
+    assert model.decoder.attention.dropout == d.attention_dropout
+    assert model.decoder.bottom_cell.cell_clip == d.cell_clip
+    assert model.decoder.bottom_cell.forget_bias == d.forget_bias
     assert model.encoder.embedding is not model.decoder.embedding  # untied in the config
     assert not model.encoder.embedding.scale  # RNMT+ embeddings are not scaled by sqrt(d)
 
@@ -259,8 +264,8 @@ def test_shipped_rnmt_configs_resolve():
     assert expected <= names
     for path in paths:
         cfg = load_config(path)
-        assert cfg.model.architecture == "rnmt_plus"
-        assert cfg.training.schedule == "rnmt_plus"
+        assert (cfg.model.encoder.type, cfg.model.decoder.type) == ("rnmt_plus", "rnmt_plus")
+        assert cfg.training.schedule.type == "rnmt_plus"
         assert cfg.training.loss_normalization == "sentence"
         assert cfg.training.adaptive_clipping.enabled
         assert cfg.model.transparent_attention.enabled == path.endswith("_transparent.yaml")

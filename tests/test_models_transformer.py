@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import keras
 
-from deep_nmt_tf.config import ModelConfig
 from deep_nmt_tf.models import Seq2SeqModel, TransformerEncoder, build_model
+from flat_config import model_config
 from keras_test_utils import assert_config_roundtrip, to_numpy
 
 SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
@@ -16,7 +16,7 @@ def _model(**overrides):
     kwargs = dict(vocab_size=40, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=2,
                   decoder_layers=2)
     kwargs.update(overrides)
-    return build_model(ModelConfig(**kwargs))
+    return build_model(model_config(**kwargs))
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -75,4 +75,4 @@ def test_encoder_round_trip_and_layer_outputs():
 
 def test_build_model_requires_vocab_size():
     with pytest.raises(ValueError, match="vocab_size"):
-        Seq2SeqModel(ModelConfig(vocab_size=0, d_model=16, num_heads=2))
+        Seq2SeqModel(model_config(vocab_size=0, d_model=16, num_heads=2))

@@ -24,15 +24,15 @@ def run_dir(tmp_path_factory):
         "data.synthetic_train_size=300", "data.synthetic_dev_size=16",
         "data.synthetic_test_size=16", "data.vocab_size=200", "data.shuffle_buffer=300",
         "data.max_dev_sentences=16",
-        "model.d_model=16", "model.num_heads=2", "model.ffn_dim=32", "model.encoder_layers=3",
-        "model.decoder_layers=2", "model.transparent_attention.enabled=true",
-        "model.dlcl.encoder=true", "model.dlcl.decoder=true",
-        "model.lexical_shortcuts.enabled=true",
+        "model.d_model=16", "model.encoder.transformer.num_layers=3",
+        "model.decoder.transformer.num_layers=2", "model.transparent_attention.enabled=true",
         "training.train_steps=3", "training.batch_tokens=512", "training.log_every=1",
         "training.checkpoint_every=3", "training.eval_every=3", "training.eval_bleu=false",
-        "training.grad_norm_ratio_every=1", "training.schedule=constant",
-        "training.learning_rate=3e-3",
-    ]
+        "training.grad_norm_ratio_every=1", "training.schedule.type=constant",
+        "training.schedule.constant.learning_rate=3e-3",
+    ] + [f"model.{stack}.transformer.{key}" for stack in ("encoder", "decoder")
+         for key in ("num_heads=2", "ffn_dim=32", "dlcl.enabled=true",
+                     "lexical_shortcuts.enabled=true")]
     config = load_config(os.path.join(ROOT, "configs", "demo.yaml"), overrides)
     Trainer(config, model_dir).train()
     return model_dir

@@ -19,8 +19,8 @@ VOCAB = 24
 
 def tiny_config(model=None, **training):
     """A validated Config: 1+1 layers, d_model 16, vocab 24; ``training`` (and the ``model``
-    dict) override keys."""
-    from deep_nmt_tf.config import config_from_dict
+    dict) override keys, both in the flat 0.1 vocabulary of ``tests/flat_config.py``."""
+    from flat_config import flat_config
 
     model_keys = dict(vocab_size=VOCAB, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=1,
                       decoder_layers=1, input_dropout=0.1, residual_dropout=0.1)
@@ -29,12 +29,8 @@ def tiny_config(model=None, **training):
                  log_every=5, checkpoint_every=5, keep_checkpoints=3, eval_every=0,
                  label_smoothing=0.1, seed=7)
     train.update(training)
-    return config_from_dict({
-        "model": model_keys,
-        "data": {"corpus": "synthetic"},
-        "training": train,
-        "decoding": {"max_length_a": 1.0, "max_length_b": 3},
-    }, source="<test>")
+    return flat_config(model_keys, train, data={"corpus": "synthetic"},
+                       decoding={"max_length_a": 1.0, "max_length_b": 3})
 
 
 def copy_batch(rng, batch_size, max_len=7):

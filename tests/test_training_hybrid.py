@@ -67,10 +67,10 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
     cfg = tiny_config(_model("cascaded"), train_steps=12, learning_rate=1e-2,
                       checkpoint_every=100,
                       warm_start={"checkpoint": source_dir, "source": "encoder",
-                                  "target": "encoder/rnmt"},
-                      freeze=["encoder/rnmt"])
+                                  "target": "encoder/stages/0"},
+                      freeze=["encoder/stages/0"])
     trainer = make_trainer_class()(cfg, str(tmp_path / "cascaded"))
-    rnmt = trainer.model.encoder.rnmt
+    rnmt = trainer.model.encoder.stages[0]
     rprefix = rnmt.path + "/"
     got = {v.path[len(rprefix):]: v.numpy() for v in rnmt.weights}
     assert sorted(got) == sorted(want) and len(got) == len(rnmt.weights) > 0
@@ -108,12 +108,12 @@ def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
     source_dir, _ = source_run
     bad = _model("cascaded", rnmt=dict(RNMT, encoder_units=4), encoder_layers=3)
     cfg = tiny_config(bad, warm_start={"checkpoint": source_dir, "source": "encoder",
-                                       "target": "encoder/rnmt"})
+                                       "target": "encoder/stages/0"})
     with pytest.raises(ConfigError) as e:
         make_trainer_class()(cfg, str(tmp_path / "bad"))
     msg = str(e.value)
     assert "training.warm_start" in msg
-    assert "layer_2/forward/cell/kernel: only in this model's encoder/rnmt" in msg
+    assert "layer_2/forward/cell/kernel: only in this model's encoder/stages/0" in msg
     assert "layer_0/forward/cell/kernel: checkpoint shape" in msg
 
 
@@ -136,15 +136,19 @@ def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
     from deep_nmt_tf.training import Trainer
 
     overrides = [
-        "model.architecture=multi_column", "model.hybrid.columns=[rnmt_plus, transformer]",
-        "model.d_model=32", "model.num_heads=2", "model.ffn_dim=64",
-        "model.rnmt.encoder_units=16", "model.rnmt.decoder_units=32",
-        "model.rnmt.attention_dim=32", "model.encoder_layers=1", "model.decoder_layers=1",
-        "model.input_dropout=0", "model.residual_dropout=0", "model.attention_dropout=0",
+        "model.encoder.type=multi_column",
+        "model.encoder.multi_column.columns=[{type: rnmt_plus, rnmt_plus: {num_layers: 1, "
+        "units: 16, embedding_dropout: 0, dropout: 0}}, {type: transformer, transformer: "
+        "{num_layers: 1, num_heads: 2, ffn_dim: 64, input_dropout: 0, residual_dropout: 0}}]",
+        "model.d_model=32", "model.decoder.rnmt_plus.units=32",
+        "model.decoder.rnmt_plus.attention_dim=32", "model.decoder.rnmt_plus.num_layers=1",
+        "model.decoder.rnmt_plus.embedding_dropout=0", "model.decoder.rnmt_plus.dropout=0",
+        "model.decoder.rnmt_plus.attention_dropout=0",
         "data.synthetic_train_size=300", "data.synthetic_dev_size=8",
         "data.synthetic_test_size=8", "data.vocab_size=100", "data.max_dev_sentences=4",
         "data.shuffle_buffer=64", "training.train_steps=12", "training.batch_tokens=400",
-        "training.schedule=constant", "training.learning_rate=1e-2", "training.eval_every=0",
+        "training.schedule.type=constant", "training.schedule.constant.learning_rate=1e-2",
+        "training.eval_every=0",
         "training.adaptive_clipping.enabled=false", "training.log_every=4",
         "decoding.beam_size=2", "decoding.batch_size=4", "decoding.max_length_b=3",
         "decoding.max_length_a=1.0"]

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from deep_nmt_tf.config import ConfigError, config_from_dict, load_config
+from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.models import build_model
 from deep_nmt_tf.training import optimizers, schedules
+from flat_config import flat_config
 from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
 from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
 from test_training_helpers import ROOT, make_batches, make_trainer_class, run_python, weights
@@ -48,7 +49,7 @@ def test_paper_configs_build_with_published_parameter_counts(name, millions):
         cfg_t = load_config(os.path.join(CONFIGS, "rnmt_plus_512_transparent.yaml"),
                             overrides=["model.vocab_size=32000"])
         model_t = build_model(cfg_t)
-        assert _params(model_t) == count + cfg.model.encoder_layers
+        assert _params(model_t) == count + cfg.model.encoder.get().num_layers
         del model_t
     del model
     keras.backend.clear_session()
@@ -70,10 +71,7 @@ def _rnmt_config(model=None, **training):
     train = dict(train_steps=6, learning_rate=3e-3, schedule="constant", warmup_steps=0,
                  log_every=1, checkpoint_every=100, eval_every=0, label_smoothing=0.1, seed=7)
     train.update(training)
-    return config_from_dict({"model": model_keys, "data": {"corpus": "synthetic"},
-                             "training": train, "decoding": {"max_length_a": 1.0,
-                                                             "max_length_b": 3}},
-                            source="<test>")
+    return flat_config(model_keys, train, decoding={"max_length_a": 1.0, "max_length_b": 3})
 
 
 def eq1_with_floor(t, n, p, s, e, base=1e-4, floor=5e-5):
@@ -99,7 +97,7 @@ def test_rnmt_plus_schedule_from_config_matches_eq1():
     sched2 = schedules.build_schedule(cfg2, num_replicas=1)
     assert float(sched2(0)) == pytest.approx(2e-4)
     assert float(sched2(10 ** 5)) == pytest.approx(1e-5)
-    with pytest.raises(ConfigError, match="training.decay_end"):
+    with pytest.raises(ConfigError, match="training.schedule.rnmt_plus.decay_end"):
         _rnmt_config(schedule="rnmt_plus", decay_start=100, decay_end=100)
 
 
@@ -177,13 +175,17 @@ TRAIN_SCRIPT = textwrap.dedent("""
     strategy = make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
     overrides = [
-        "model.d_model=48", "model.rnmt.encoder_units=32", "model.rnmt.decoder_units=48",
-        "model.rnmt.attention_dim=48", "model.encoder_layers=2", "model.decoder_layers=3",
+        "model.d_model=48", "model.encoder.rnmt_plus.units=32",
+        "model.decoder.rnmt_plus.units=48", "model.decoder.rnmt_plus.attention_dim=48",
+        "model.encoder.rnmt_plus.num_layers=2", "model.decoder.rnmt_plus.num_layers=3",
         "data.synthetic_train_size=1500", "data.synthetic_dev_size=16",
         "data.synthetic_test_size=8", "data.vocab_size=150", "data.max_dev_sentences=8",
         "data.shuffle_buffer=256", "training.train_steps={steps}", "training.batch_tokens=1200",
-        "training.learning_rate=5e-3", "training.warmup_steps=5", "training.decay_start=60",
-        "training.decay_end=200", "training.min_learning_rate=1e-3",
+        "training.schedule.rnmt_plus.learning_rate=5e-3",
+        "training.schedule.rnmt_plus.warmup_steps=5",
+        "training.schedule.rnmt_plus.decay_start=60",
+        "training.schedule.rnmt_plus.decay_end=200",
+        "training.schedule.rnmt_plus.min_learning_rate=1e-3",
         "training.log_every=10", "training.checkpoint_every=1000", "training.eval_every=0",
         "decoding.beam_size=3", "decoding.batch_size=8", "decoding.max_length_b=5",
         "decoding.max_length_a=1.0"]

@@ -74,8 +74,8 @@ def test_build_schedule_from_config_and_registry():
     s = build_schedule(tiny_config(schedule="rnmt_plus", learning_rate=1e-4, warmup_steps=5), 4)
     assert s.get_config()["num_replicas"] == 4 and s.get_config()["warmup_steps"] == 5
     with pytest.raises(ValueError, match="already registered"):
-        register_schedule("constant")(lambda config, n: None)
-    cfg.training.schedule = "nope"
+        register_schedule("constant")(lambda options, config, n: None)
+    cfg.training.schedule.type = "nope"
     with pytest.raises(ValueError, match="unknown schedule 'nope'"):
         build_schedule(cfg)
     with pytest.raises(ValueError, match="warmup_steps >= 1"):

@@ -10,14 +10,17 @@ import yaml
 
 from test_training_helpers import run_python, weights
 
+_STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
 TINY = {
-    "model": {"d_model": 16, "num_heads": 2, "ffn_dim": 32, "encoder_layers": 1,
-              "decoder_layers": 1, "norm": "pre"},
+    "model": {"d_model": 16, "encoder": {"transformer": dict(_STACK)},
+              "decoder": {"transformer": dict(_STACK)}},
     "data": {"corpus": "synthetic", "synthetic_train_size": 300, "synthetic_dev_size": 12,
              "synthetic_test_size": 4, "vocab_size": 120, "max_dev_sentences": 8,
              "shuffle_buffer": 64},
-    "training": {"train_steps": 4, "batch_tokens": 300, "schedule": "inverse_sqrt",
-                 "learning_rate": 3e-3, "warmup_steps": 2, "log_every": 2,
+    "training": {"train_steps": 4, "batch_tokens": 300,
+                 "schedule": {"type": "inverse_sqrt",
+                              "inverse_sqrt": {"learning_rate": 3e-3, "warmup_steps": 2}},
+                 "log_every": 2,
                  "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 4, "seed": 3},
     "decoding": {"batch_size": 4, "max_length_a": 1.0, "max_length_b": 2},
 }
@@ -51,9 +54,10 @@ def test_config_errors_exit_2_before_any_work(tmp_path):
     config = _write_config(tmp_path)
     model_dir = str(tmp_path / "run")
     proc = run_python(TRAIN.format(argv=[f"--config={config}", f"--model_dir={model_dir}",
-                                         "--override=model.num_heads=3"]))
+                                         "--override=model.encoder.transformer.num_heads=3"]))
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "--override: model.num_heads: 3 does not divide model.d_model=16" in proc.stderr
+    assert ("--override: model.encoder.transformer.num_heads: 3 does not divide "
+            "model.d_model=16") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not os.path.exists(model_dir)
     bad = dict(TINY, data={"corpus": "files"})

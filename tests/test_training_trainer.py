@@ -200,7 +200,8 @@ def test_changed_model_config_is_refused(tmp_path):
     cls = make_trainer_class()
     # (from_generator datasets cannot be checkpointed: the trainer falls back to re-reading.)
     cls(tiny_config(train_steps=1), str(tmp_path), checkpoint_iterator=True).train()
-    with pytest.raises(ConfigError, match=r"model\.d_model: 16 -> 32.*model\.ffn_dim: 32 -> 64"):
+    with pytest.raises(ConfigError,
+                       match=r"model\.d_model: 16 -> 32.*transformer\.ffn_dim: 32 -> 64"):
         cls(tiny_config({"d_model": 32, "ffn_dim": 64}, train_steps=2), str(tmp_path))
     # Training keys may change: continue to step 2.
     trainer = cls(tiny_config(train_steps=2, learning_rate=1e-3), str(tmp_path),
@@ -211,7 +212,8 @@ def test_changed_model_config_is_refused(tmp_path):
     from deep_nmt_tf.config import load_config
 
     saved = load_config(os.path.join(str(tmp_path), "config.yaml"))
-    assert saved.training.train_steps == 2 and saved.training.learning_rate == 1e-3
+    assert saved.training.train_steps == 2
+    assert saved.training.schedule.get().learning_rate == 1e-3
 
 
 def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):

@@ -9,7 +9,7 @@ configuration runs in its own process so peak memory is its own::
     python tools/benchmark.py --mode=train --config=small,base,deep
     python tools/benchmark.py --mode=train --config=deep,deep_dlcl --repeats=5
     python tools/benchmark.py --mode=train --config=configs/dlcl_pre_30l.yaml \
-        --override=model.decoder_layers=6
+        --override=model.decoder.transformer.num_layers=6
 
 ``--config`` takes preset names (below) or YAML config files, comma-separated; each prints one
 JSON line, and the last line is a JSON list of all of them.
@@ -41,24 +41,28 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 
+def _stacks(*settings, stacks=("encoder", "decoder")):
+    """``num_heads=8`` -> overrides of that Transformer key in the encoder and the decoder."""
+    return [f"model.{stack}.transformer.{s}" for stack in stacks for s in settings]
+
+
 PRESETS = {
-    "small": ["model.d_model=256", "model.ffn_dim=1024", "model.num_heads=4"],
+    "small": ["model.d_model=256"] + _stacks("ffn_dim=1024", "num_heads=4"),
     "base": [],
-    "deep": ["model.encoder_layers=30", "model.norm=pre"],
-    "deep_post": ["model.encoder_layers=30"],
-    "deep_dlcl": ["model.encoder_layers=30", "model.norm=pre", "model.dlcl.encoder=true",
-                  "model.dlcl.decoder=true"],
-    "base_lexical_shortcuts": ["model.lexical_shortcuts.enabled=true"],
-    "base_feature_fusion": ["model.lexical_shortcuts.enabled=true",
-                            "model.lexical_shortcuts.variant=feature_fusion"],
+    "deep": _stacks("num_layers=30", "norm=pre", stacks=("encoder",)) + _stacks("norm=pre"),
+    "deep_post": _stacks("num_layers=30", stacks=("encoder",)),
+    "deep_dlcl": (_stacks("num_layers=30", stacks=("encoder",)) +
+                  _stacks("norm=pre", "dlcl.enabled=true")),
+    "base_lexical_shortcuts": _stacks("lexical_shortcuts.enabled=true"),
+    "base_feature_fusion": _stacks("lexical_shortcuts.enabled=true",
+                                   "lexical_shortcuts.variant=feature_fusion"),
 }
 # The shared peer harness's model: base sizes, 6+6, post-norm, tied embeddings, dropout 0.1,
 # vocabulary 8000; batch 64 x (32 + 32) tokens.
-BASE_OVERRIDES = ["model.vocab_size=8000", "model.d_model=512", "model.ffn_dim=2048",
-                  "model.num_heads=8", "model.encoder_layers=6", "model.decoder_layers=6",
-                  "model.norm=post", "data.corpus=synthetic", "training.learning_rate=1e-4",
-                  "training.schedule=constant", "training.warmup_steps=0",
-                  "training.label_smoothing=0.1", "training.adam_beta2=0.98"]
+_CONSTANT_LR = ["training.schedule.type=constant", "training.schedule.constant.learning_rate=1e-4"]
+BASE_OVERRIDES = (["model.vocab_size=8000", "model.d_model=512", "data.corpus=synthetic",
+                   "training.label_smoothing=0.1", "training.adam_beta2=0.98"] + _CONSTANT_LR +
+                  _stacks("ffn_dim=2048", "num_heads=8", "num_layers=6", "norm=post"))
 BATCH, SRC_LEN, TGT_LEN, VOCAB = 64, 32, 32, 8000
 
 flags.DEFINE_enum("mode", "train", ["train", "decode"], "What to measure.")
@@ -77,8 +81,7 @@ def _config_overrides(name):
     if name in PRESETS:
         return None, BASE_OVERRIDES + PRESETS[name]
     if os.path.exists(name):
-        return name, ["model.vocab_size=8000", "data.corpus=synthetic",
-                      "training.schedule=constant", "training.learning_rate=1e-4"]
+        return name, ["model.vocab_size=8000", "data.corpus=synthetic"] + _CONSTANT_LR
     raise app.UsageError(f"--config: {name!r} is neither a preset ({', '.join(PRESETS)}) "
                          "nor a file")
 

@@ -8,11 +8,12 @@ The search talks to a model only through the three methods of ``docs/DESIGN.md``
 
 and relies on one property of the state: every leaf has the batch as dimension 0 and keeps its
 shape from step to step.  Beam search therefore repeats every leaf ``beam_size`` times along
-dim 0 (after running the encoder and ``init_decoder_state`` once per source sentence) and
-reorders the leaves with a gather along dim 0 after each step.  Leaves that ``decode_step``
-passes through unchanged (the same tensor object comes back, e.g. encoder-decoder keys and
-values) are never reordered: they still hold the tiled initial value, which is identical for
-all beams of a sentence, so a gather would be a no-op.
+dim 0 (after running the encoder and ``init_decoder_state`` once per source sentence) and,
+after each step, reorders with a gather along dim 0 the leaves that the decoder declares
+hypothesis-dependent (``model.state_reorder_flags(state)``,
+:meth:`deep_nmt_tf.models.base.Decoder.state_reorder_flags`); the others (encoder-decoder keys
+and values, masks) hold the tiled initial value, identical for all beams of a sentence.  A model
+without ``state_reorder_flags`` has every leaf reordered.
 
 Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, masked buffer writes) and
 static shapes, so the same code runs eagerly, inside ``tf.function`` (with or without
@@ -254,6 +255,9 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
     batch = ops.shape(source_ids)[0]
     rows = batch * k
     state = keras.tree.map_structure(lambda x: _tile(x, k), state)
+    flags_fn = getattr(model, "state_reorder_flags", None)
+    reorder = (flags_fn(state) if flags_fn is not None else
+               keras.tree.map_structure(lambda _: True, state))
     limits = _tile(limits, k)
     beam_index = ops.tile(ops.arange(k, dtype="int32"), (batch,))  # [B*K]
     log_probs = ops.where(ops.equal(beam_index, 0), 0.0, _DEAD_BEAM)
@@ -303,8 +307,8 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
         ids = ops.take(ids, origin, axis=0)
         ids = write_step(ids, token[:, None], step, axis=1)
         new_state = keras.tree.map_structure(
-            lambda old, new: new if new is old else ops.take(new, origin, axis=0),
-            state, new_state)
+            lambda flag, new: ops.take(new, origin, axis=0) if flag else new,
+            reorder, new_state)
         return step + 1, token, ids, lengths, log_probs, finished, new_state
 
     _, _, ids, lengths, log_probs, _, _ = ops.while_loop(

@@ -39,12 +39,9 @@ __all__ = ["CONFIGS", "benchmark_decode", "format_results"]
 
 # name: d_model, ffn_dim, heads, encoder layers, decoder layers, norm (as benchcommon.CONFIGS).
 CONFIGS = {
-    "small": dict(d_model=256, ffn_dim=1024, num_heads=4, encoder_layers=6, decoder_layers=6,
-                  norm="post"),
-    "base": dict(d_model=512, ffn_dim=2048, num_heads=8, encoder_layers=6, decoder_layers=6,
-                 norm="post"),
-    "deep": dict(d_model=512, ffn_dim=2048, num_heads=8, encoder_layers=30, decoder_layers=6,
-                 norm="pre"),
+    "small": (256, 1024, 4, 6, 6, "post"),
+    "base": (512, 2048, 8, 6, 6, "post"),
+    "deep": (512, 2048, 8, 30, 6, "pre"),
 }
 MODES = {"greedy": 1, "beam4": 4}
 
@@ -52,8 +49,14 @@ MODES = {"greedy": 1, "beam4": 4}
 def _config(name: str, vocab_size: int, beam_size: int, steps: int):
     from deep_nmt_tf.config import config_from_dict
 
-    model = dict(CONFIGS[name], vocab_size=vocab_size, input_dropout=0.0,
-                 residual_dropout=0.0)
+    d_model, ffn_dim, heads, enc_layers, dec_layers, norm = CONFIGS[name]
+
+    def stack(layers):
+        return {"transformer": dict(num_layers=layers, num_heads=heads, ffn_dim=ffn_dim,
+                                    norm=norm, input_dropout=0.0, residual_dropout=0.0)}
+
+    model = dict(vocab_size=vocab_size, d_model=d_model, encoder=stack(enc_layers),
+                 decoder=stack(dec_layers))
     decoding = dict(beam_size=beam_size, n_best=1, length_penalty=0.6, max_length_a=0.0,
                     max_length_b=steps, batch_size=32, max_input_length=256)
     return config_from_dict({"model": model, "data": {"corpus": "synthetic"},

@@ -1,9 +1,17 @@
-"""Encoder/decoder stacks and full models (pure Keras 3)."""
+"""Encoders, decoders and the encoder-decoder model (pure Keras 3).
 
+Importing this package registers the built-in encoder and decoder types
+(:func:`register_encoder` / :func:`register_decoder`, :mod:`deep_nmt_tf.models.base`).
+"""
+
+from deep_nmt_tf.models.base import (Decoder, Encoder, build_encoder, decoder_class,
+                                     encoder_class, register_decoder, register_encoder)
 from deep_nmt_tf.models.hybrid import CascadedEncoder, MultiColumnEncoder
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder
 from deep_nmt_tf.models.seq2seq import Seq2SeqModel, build_model
 from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
 
-__all__ = ["Seq2SeqModel", "build_model", "TransformerEncoder", "TransformerDecoder",
-           "RNMTPlusEncoder", "RNMTPlusDecoder", "CascadedEncoder", "MultiColumnEncoder"]
+__all__ = ["Seq2SeqModel", "build_model", "Encoder", "Decoder", "register_encoder",
+           "register_decoder", "encoder_class", "decoder_class", "build_encoder",
+           "TransformerEncoder", "TransformerDecoder", "RNMTPlusEncoder", "RNMTPlusDecoder",
+           "CascadedEncoder", "MultiColumnEncoder"]

@@ -42,8 +42,8 @@ Incremental decoding keeps, per hypothesis (every leaf batch-major, static shape
     {"memory_keys": [B, S, A], "memory_mask": [B, S], "context": [B, A],
      "layers": [{"h": [B, U], "c": [B, U]}] * L}
 
-``memory_keys`` and ``memory_mask`` come back unchanged (the same objects) from every step, so
-beam search never reorders them.
+``memory_keys`` and ``memory_mask`` are the same for every hypothesis of a sentence:
+:meth:`RNMTPlusDecoder.state_reorder_flags` tells beam search not to reorder them.
 
 Choices where the paper is silent (documented, not hidden):
 
@@ -75,6 +75,7 @@ from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
 from deep_nmt_tf.layers.embedding import TokenEmbedding
 from deep_nmt_tf.layers.lstm import BidirectionalLayerNormLSTM, LayerNormLSTM, LayerNormLSTMCell
+from deep_nmt_tf.models.base import Decoder, Encoder, register_decoder, register_encoder
 
 __all__ = ["RNMTPlusEncoder", "RNMTPlusDecoder", "rnmt_embedding"]
 
@@ -104,8 +105,14 @@ def _dense_last(x, kernel, bias=None):
     return ops.reshape(out, tuple(shape[:-1]) + (kernel.shape[1],))
 
 
+def _cell_kwargs(options, model):
+    return dict(residual_start=options.residual_start, cell_clip=options.cell_clip,
+                forget_bias=options.forget_bias, layer_norm_epsilon=model.layer_norm_epsilon)
+
+
+@register_encoder("rnmt_plus")
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
-class RNMTPlusEncoder(keras.layers.Layer):
+class RNMTPlusEncoder(Encoder):
     """RNMT+ encoder: embedding, N bidirectional LayerNorm-LSTM layers, a final projection.
 
     Call: ``encoder(source_ids, training=None, return_gates=False)`` with int ``[B, S]`` ids
@@ -141,13 +148,16 @@ class RNMTPlusEncoder(keras.layers.Layer):
 
     def __init__(self, embedding, num_layers=6, units=1024, output_dim=None, dropout=0.3,
                  embedding_dropout=0.3, residual_start=2, cell_clip=10.0, forget_bias=1.0,
-                 layer_norm_epsilon=1e-6, **kwargs):
+                 layer_norm_epsilon=1e-6, input_dim=None, **kwargs):
         super().__init__(**kwargs)
         self.embedding = _deserialize(embedding)
         self.num_layers = int(num_layers)
         self.units = int(units)
-        self.embedding_dim = int(self.embedding.d_model)
-        self.output_dim = int(output_dim or self.embedding_dim)
+        if self.embedding is None and not input_dim:
+            raise ValueError("an RNMTPlusEncoder without an embedding (it reads features) "
+                             "needs input_dim")
+        self.embedding_dim = int(input_dim or self.embedding.d_model)
+        self.projection_dim = int(output_dim or self.embedding_dim)
         self.dropout = float(dropout)
         self.embedding_dropout = float(embedding_dropout)
         self.residual_start = int(residual_start)
@@ -170,15 +180,27 @@ class RNMTPlusEncoder(keras.layers.Layer):
                                        layer_norm_epsilon=self.layer_norm_epsilon, dtype=policy,
                                        name=f"layer_{i}")
             for i in range(self.num_layers)]
-        self.projection = keras.layers.Dense(self.output_dim, use_bias=True, dtype=policy,
+        self.projection = keras.layers.Dense(self.projection_dim, use_bias=True, dtype=policy,
                                              name="projection")
-        self.dlcl = None  # interface parity with TransformerEncoder (no DLCL in RNMT+)
 
-    # -- interface used by Seq2SeqModel ----------------------------------------------------
+    # -- the Encoder interface ---------------------------------------------------------------
+    @classmethod
+    def make_embedding(cls, options, model, dtype, name):
+        return rnmt_embedding(model.vocab_size, model.d_model, dtype=dtype, name=name)
+
+    @classmethod
+    def from_options(cls, options, model, embedding, dtype, name):
+        return cls(embedding, options.num_layers, units=options.units or model.d_model,
+                   output_dim=model.d_model,
+                   input_dim=model.d_model if embedding is None else None,
+                   dropout=options.dropout,
+                   embedding_dropout=options.embedding_dropout, dtype=dtype, name=name,
+                   **_cell_kwargs(options, model))
+
     @property
-    def d_model(self):
-        """Width of ``memory`` (what a decoder attends to)."""
-        return self.output_dim
+    def output_dim(self):
+        """Width of ``memory`` (the projection's)."""
+        return self.projection_dim
 
     @property
     def layer_output_dim(self):
@@ -209,7 +231,7 @@ class RNMTPlusEncoder(keras.layers.Layer):
     def build(self, ids_shape=None):
         if self.built:
             return
-        if not self.embedding.built:
+        if self.embedding is not None and not self.embedding.built:
             self.embedding.build(ids_shape)
         width = self.embedding_dim
         for layer in self.layers_:
@@ -220,7 +242,14 @@ class RNMTPlusEncoder(keras.layers.Layer):
 
     def call(self, source_ids, training=None, return_gates=False):
         mask = ops.not_equal(source_ids, PAD_ID)
-        x = self.embedding(source_ids)
+        return self._encode(self.embedding(source_ids), mask, training, return_gates)
+
+    def call_features(self, features, mask, training=None, return_gates=False):
+        """The layers on ``[B, S, E]`` features instead of embedded tokens (a later stage of a
+        cascade); ``embedding_dropout`` applies to the features."""
+        return self._encode(features, ops.cast(mask, "bool"), training, return_gates)
+
+    def _encode(self, x, mask, training, return_gates):
         x = self.embedding_dropout_layer(x, training=training)
         outputs = [x]
         for i, layer in enumerate(self.layers_):
@@ -239,7 +268,8 @@ class RNMTPlusEncoder(keras.layers.Layer):
             "embedding": keras.saving.serialize_keras_object(self.embedding),
             "num_layers": self.num_layers,
             "units": self.units,
-            "output_dim": self.output_dim,
+            "output_dim": self.projection_dim,
+            "input_dim": None if self.embedding is not None else self.embedding_dim,
             "dropout": self.dropout,
             "embedding_dropout": self.embedding_dropout,
             "residual_start": self.residual_start,
@@ -250,8 +280,9 @@ class RNMTPlusEncoder(keras.layers.Layer):
         return config
 
 
+@register_decoder("rnmt_plus")
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
-class RNMTPlusDecoder(keras.layers.Layer):
+class RNMTPlusDecoder(Decoder):
     """RNMT+ decoder: L LayerNorm-LSTM layers, multi-head additive attention, input feeding.
 
     Teacher forcing: ``decoder(target_input_ids, memories, memory_mask, training=None)``
@@ -319,14 +350,33 @@ class RNMTPlusDecoder(keras.layers.Layer):
         self.attention = MultiHeadAdditiveAttention(
             self.attention_heads, self.attention_dim, dropout=self.attention_dropout,
             query_dim=self.units, memory_dim=self.memory_dim, dtype=policy, name="attention")
-        self.cross_shortcuts = None  # interface parity with TransformerDecoder: no lexical
-        self.dlcl = None             # shortcuts, no DLCL
 
-    # -- interface used by Seq2SeqModel ----------------------------------------------------
+    # -- the Decoder interface ---------------------------------------------------------------
+    @classmethod
+    def make_embedding(cls, options, model, dtype, name):
+        return rnmt_embedding(model.vocab_size, model.d_model, dtype=dtype, name=name)
+
+    @classmethod
+    def from_options(cls, options, model, embedding, memory_dim, dtype, name):
+        units = options.units or model.d_model
+        return cls(embedding, options.num_layers, units=units,
+                   attention_heads=options.attention_heads,
+                   attention_dim=options.attention_dim or units, memory_dim=memory_dim,
+                   dropout=options.dropout, embedding_dropout=options.embedding_dropout,
+                   attention_dropout=options.attention_dropout, dtype=dtype, name=name,
+                   **_cell_kwargs(options, model))
+
     @property
     def num_attention_modules(self):
         """M of transparent attention: RNMT+ attends the encoder once (the bottom layer)."""
         return 1
+
+    def state_reorder_flags(self, state):
+        """The recurrent states and the fed-back context follow their hypothesis; the
+        attention keys and the memory mask are the same for every hypothesis of a sentence."""
+        flags = keras.tree.map_structure(lambda _: True, state)
+        flags["memory_keys"] = flags["memory_mask"] = False
+        return flags
 
     @property
     def vocab_size(self):

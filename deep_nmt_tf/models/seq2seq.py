@@ -1,22 +1,23 @@
-"""The encoder-decoder model and its factory from the typed config."""
+"""The encoder-decoder model, built from the ``model`` config section.
+
+``model.encoder.type`` and ``model.decoder.type`` name registered classes
+(:mod:`deep_nmt_tf.models.base`); importing :mod:`deep_nmt_tf.models` registers the package's
+own (``transformer``, ``rnmt_plus``, ``cascaded``, ``multi_column``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict
+from typing import Any, Dict
 
 import keras
 from keras import ops
 
 from deep_nmt_tf.constants import PAD_ID
-from deep_nmt_tf.layers.embedding import TokenEmbedding
 from deep_nmt_tf.layers.transparent_attention import TransparentAttention
-from deep_nmt_tf.models.hybrid import CascadedEncoder, MultiColumnEncoder
-from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder, rnmt_embedding
-from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
+from deep_nmt_tf.models.base import build_encoder, decoder_class, encoder_class
 
-__all__ = ["Seq2SeqModel", "build_model", "EMBEDDING_BUILDERS", "ENCODER_BUILDERS",
-           "DECODER_BUILDERS", "register_component"]
+__all__ = ["Seq2SeqModel", "build_model"]
 
 
 def _model_config_dict(model_config) -> Dict[str, Any]:
@@ -28,172 +29,10 @@ def _model_config_dict(model_config) -> Dict[str, Any]:
 
 
 def _model_config(config_dict):
-    from deep_nmt_tf.config import ModelConfig, config_from_dict
+    from deep_nmt_tf.config import config_from_dict
 
     return config_from_dict({"model": config_dict, "data": {"corpus": "synthetic"}},
                             source="<model config>").model
-
-
-# --------------------------------------------------------------------------------------------
-# Component factories, keyed by component type.  ``model.architecture`` names an (encoder
-# type, decoder type) pair (``deep_nmt_tf.config.ARCHITECTURES``); Seq2SeqModel builds the source
-# embedding with the encoder type's embedding builder, the target embedding (unless tied) with
-# the decoder type's, then the encoder and the decoder.  Any registered encoder works with any
-# registered decoder: encoders return ``{"memory" [B, S, d_model], "mask", "layer_outputs"}``
-# and decoders attend a ``memory_dim``-wide memory.  Optional encoder hooks for transparent
-# attention: ``num_transparent_sources``, ``transparent_sources(layer_outputs)`` (default: all
-# layer outputs) and ``project_memory(mix)`` (default: none); decoders declare
-# ``num_attention_modules`` (M; default: their number of layers).
-# --------------------------------------------------------------------------------------------
-
-#: type -> ``builder(model_config, dtype_policy, name) -> TokenEmbedding``.
-EMBEDDING_BUILDERS: Dict[str, Callable] = {}
-#: type -> ``builder(model_config, embedding, dtype_policy, name="encoder") -> encoder layer``.
-ENCODER_BUILDERS: Dict[str, Callable] = {}
-#: type -> ``builder(model_config, embedding, dtype_policy, memory_dim) -> decoder layer``.
-DECODER_BUILDERS: Dict[str, Callable] = {}
-_REGISTRIES = {"embedding": EMBEDDING_BUILDERS, "encoder": ENCODER_BUILDERS,
-               "decoder": DECODER_BUILDERS}
-
-
-def register_component(kind: str, name: str):
-    """Decorator registering a builder: ``kind`` is embedding, encoder or decoder."""
-    registry = _REGISTRIES[kind]
-
-    def wrap(builder):
-        if name in registry:
-            raise ValueError(f"{kind} type {name!r} is already registered")
-        registry[name] = builder
-        return builder
-
-    return wrap
-
-
-@register_component("embedding", "transformer")
-def _transformer_embedding(cfg, policy, name):
-    return TokenEmbedding(cfg.vocab_size, cfg.d_model, dtype=policy, name=name)
-
-
-def _transformer_options(cfg, policy):
-    common = dict(d_model=cfg.d_model, num_heads=cfg.num_heads, ffn_dim=cfg.ffn_dim,
-                  norm=cfg.norm, input_dropout=cfg.input_dropout,
-                  residual_dropout=cfg.residual_dropout, attention_dropout=cfg.attention_dropout,
-                  relu_dropout=cfg.relu_dropout, layer_norm_epsilon=cfg.layer_norm_epsilon,
-                  dtype=policy)
-    dl = cfg.dlcl
-    dlcl = dict(weights=dl.weights, init=dl.init, layer_norm=dl.layer_norm,
-                normalize_embedding=dl.normalize_embedding, window=dl.window,
-                softmax=dl.softmax)
-    lex = cfg.lexical_shortcuts
-    self_shortcuts = cross_shortcuts = None
-    if lex.enabled:
-        if lex.placement in ("self", "both"):
-            self_shortcuts = dict(variant=lex.variant, source=lex.source)
-        if lex.placement in ("cross", "both"):
-            if lex.source != "lexical":
-                raise ValueError("model.lexical_shortcuts.source 'non_lexical' is defined "
-                                 "for self-attention shortcuts only (placement: self)")
-            cross_shortcuts = lex.variant
-    return common, dlcl, self_shortcuts, cross_shortcuts
-
-
-@register_component("encoder", "transformer")
-def _transformer_encoder(cfg, embedding, policy, name="encoder"):
-    common, dlcl, self_shortcuts, _ = _transformer_options(cfg, policy)
-    return TransformerEncoder(embedding, cfg.encoder_layers, name=name,
-                              dlcl=dlcl if cfg.dlcl.encoder else None,
-                              shortcuts=self_shortcuts, **common)
-
-
-@register_component("decoder", "transformer")
-def _transformer_decoder(cfg, embedding, policy, memory_dim):
-    common, dlcl, self_shortcuts, cross_shortcuts = _transformer_options(cfg, policy)
-    return TransformerDecoder(embedding, cfg.decoder_layers, name="decoder",
-                              tie_softmax=cfg.tie_softmax_embeddings, memory_dim=memory_dim,
-                              dlcl=dlcl if cfg.dlcl.decoder else None,
-                              shortcuts=self_shortcuts, cross_shortcuts=cross_shortcuts,
-                              **common)
-
-
-@register_component("embedding", "rnmt_plus")
-def _rnmt_embedding(cfg, policy, name):
-    return rnmt_embedding(cfg.vocab_size, cfg.d_model, dtype=policy, name=name)
-
-
-def _rnmt_cell_options(cfg):
-    r = cfg.rnmt
-    return dict(residual_start=r.residual_start, cell_clip=r.cell_clip,
-                forget_bias=r.forget_bias, layer_norm_epsilon=cfg.layer_norm_epsilon)
-
-
-@register_component("encoder", "rnmt_plus")
-def _rnmt_encoder(cfg, embedding, policy, name="encoder"):
-    return RNMTPlusEncoder(embedding, cfg.encoder_layers, units=cfg.rnmt.encoder_units or
-                           cfg.d_model, output_dim=cfg.d_model, dropout=cfg.residual_dropout,
-                           embedding_dropout=cfg.input_dropout, dtype=policy, name=name,
-                           **_rnmt_cell_options(cfg))
-
-
-# Hybrid encoders (Chen et al. 2018 section 6; deep_nmt_tf.models.hybrid).  The cascade's source
-# embedding is the RNMT+ one; a multi-column encoder's is its first column's (the other columns
-# build their own).
-@register_component("embedding", "cascaded")
-def _cascaded_embedding(cfg, policy, name):
-    return _rnmt_embedding(cfg, policy, name)
-
-
-@register_component("encoder", "cascaded")
-def _cascaded_encoder(cfg, embedding, policy, name="encoder"):
-    rnmt = _rnmt_encoder(cfg, embedding, policy, name="rnmt")
-    return CascadedEncoder(rnmt, cfg.hybrid.cascade_layers, num_heads=cfg.num_heads,
-                           ffn_dim=cfg.ffn_dim, norm=cfg.norm,
-                           residual_dropout=cfg.residual_dropout,
-                           attention_dropout=cfg.attention_dropout,
-                           relu_dropout=cfg.relu_dropout,
-                           layer_norm_epsilon=cfg.layer_norm_epsilon, dtype=policy, name=name)
-
-
-@register_component("embedding", "multi_column")
-def _multi_column_embedding(cfg, policy, name):
-    return _builder(EMBEDDING_BUILDERS, "embedding", cfg.hybrid.columns[0])(cfg, policy, name)
-
-
-@register_component("encoder", "multi_column")
-def _multi_column_encoder(cfg, embedding, policy, name="encoder"):
-    columns = []
-    for i, kind in enumerate(cfg.hybrid.columns):
-        if i:
-            embedding = _builder(EMBEDDING_BUILDERS, "embedding", kind)(
-                cfg, policy, f"column_{i}_embedding")
-        columns.append(_builder(ENCODER_BUILDERS, "encoder", kind)(
-            cfg, embedding, policy, name=f"column_{i}"))
-    return MultiColumnEncoder(columns, output_dim=cfg.d_model,
-                              layer_norm_epsilon=cfg.layer_norm_epsilon, dtype=policy,
-                              name=name)
-
-
-@register_component("decoder", "rnmt_plus")
-def _rnmt_decoder(cfg, embedding, policy, memory_dim):
-    if cfg.tie_softmax_embeddings:
-        raise ValueError("model.tie_softmax_embeddings: the RNMT+ softmax reads [decoder "
-                         "output; attention context], not an embedding-sized vector: set it "
-                         "to false")
-    r = cfg.rnmt
-    units = r.decoder_units or cfg.d_model
-    return RNMTPlusDecoder(embedding, cfg.decoder_layers, units=units,
-                           attention_heads=r.attention_heads,
-                           attention_dim=r.attention_dim or units, memory_dim=memory_dim,
-                           dropout=cfg.residual_dropout, embedding_dropout=cfg.input_dropout,
-                           attention_dropout=cfg.attention_dropout, dtype=policy,
-                           name="decoder", **_rnmt_cell_options(cfg))
-
-
-def _builder(registry, kind, name):
-    try:
-        return registry[name]
-    except KeyError:
-        raise ValueError(f"no {kind} of type {name!r} (known: {', '.join(sorted(registry))})"
-                         ) from None
 
 
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
@@ -213,17 +52,18 @@ class Seq2SeqModel(keras.Model):
     training)`` (``call`` is ``decode(encode(...))``); the grad-norm-ratio diagnostic
     differentiates the loss with respect to ``encoded["layer_outputs"][1]`` and ``[-1]``.
 
-    ``model.architecture`` picks the encoder and decoder types (``transformer``: Vaswani et
-    al.; ``rnmt_plus``: Chen et al. 2018, :mod:`deep_nmt_tf.models.rnmt`); each is built by
-    its factory (``ENCODER_BUILDERS`` / ``DECODER_BUILDERS`` / ``EMBEDDING_BUILDERS``).
+    ``model.encoder.type`` / ``model.decoder.type`` pick registered encoder and decoder
+    classes (:mod:`deep_nmt_tf.models.base`; ``transformer``: Vaswani et al.; ``rnmt_plus``:
+    Chen et al. 2018; the ``cascaded`` and ``multi_column`` combinators of its section 6); any
+    encoder works with any decoder.  The source embedding is the encoder type's; the target
+    side shares it (``model.tie_source_target_embeddings``) or builds the decoder type's.
 
-    Deep-network options of the ``model`` config (each off by default): transparent attention
-    (the decoder's M encoder-decoder attentions attend M learned mixes of the encoder's
-    embedding and layer outputs, computed once per source in :meth:`decoder_memories`; M =
-    ``decoder_layers`` for the Transformer, 1 for RNMT+, whose encoder projection is applied
-    to the mix), DLCL in the encoder and/or decoder, and lexical shortcuts
-    (self-attentions, encoder-decoder attentions or both; plain or feature fusion; lexical or
-    non-lexical source).  Any combination builds and decodes incrementally.
+    Transparent attention (``model.transparent_attention``, off by default): the decoder's M
+    encoder-decoder attentions attend M learned mixes of the encoder's embedding and layer
+    outputs, computed once per source in :meth:`decoder_memories` (M = the Transformer
+    decoder's depth, 1 for RNMT+, whose encoder projection is applied to the mix).  DLCL and
+    lexical shortcuts are options of the Transformer stacks.  Any combination builds and
+    decodes incrementally.
 
     Diagnostics: :meth:`diagnostic_weights` (transparent and DLCL weight matrices) and
     :meth:`lexical_shortcut_gates` (mean gate per layer on a batch).
@@ -233,10 +73,10 @@ class Seq2SeqModel(keras.Model):
         must be set (> 0).
 
     Example:
-      >>> from deep_nmt_tf.config import ModelConfig
-      >>> cfg = ModelConfig(vocab_size=100, d_model=16, num_heads=2, ffn_dim=32,
-      ...                   encoder_layers=1, decoder_layers=1)
-      >>> model = Seq2SeqModel(cfg)
+      >>> from deep_nmt_tf.config import config_from_dict
+      >>> cfg = config_from_dict({"model": {"vocab_size": 100, "d_model": 16, "encoder": {
+      ...     "transformer": {"num_layers": 1, "num_heads": 2, "ffn_dim": 32}}}})
+      >>> model = Seq2SeqModel(cfg.model)
     """
 
     def __init__(self, model_config, **kwargs):
@@ -248,28 +88,24 @@ class Seq2SeqModel(keras.Model):
                              "the trainer fills it in from the vocabulary file")
         self.model_config = cfg
         policy = self.dtype_policy
-        from deep_nmt_tf.config import model_components
-
-        encoder_type, decoder_type = model_components(cfg)
-        source_embedding = _builder(EMBEDDING_BUILDERS, "embedding", encoder_type)(
-            cfg, policy, "source_embedding")
+        source_embedding = encoder_class(cfg.encoder.type).make_embedding(
+            cfg.encoder.get(), cfg, policy, "source_embedding")
+        self.encoder = build_encoder(cfg.encoder, cfg, policy, "encoder",
+                                     embedding=source_embedding)
+        decoder_cls, decoder_options = decoder_class(cfg.decoder.type), cfg.decoder.get()
         target_embedding = (source_embedding if cfg.tie_source_target_embeddings else
-                            _builder(EMBEDDING_BUILDERS, "embedding", decoder_type)(
-                                cfg, policy, "target_embedding"))
-        self.encoder = _builder(ENCODER_BUILDERS, "encoder", encoder_type)(
-            cfg, source_embedding, policy)
-        self.decoder = _builder(DECODER_BUILDERS, "decoder", decoder_type)(
-            cfg, target_embedding, policy, getattr(self.encoder, "d_model", cfg.d_model))
+                            decoder_cls.make_embedding(decoder_options, cfg, policy,
+                                                       "target_embedding"))
+        self.decoder = decoder_cls.from_options(decoder_options, cfg, target_embedding,
+                                                self.encoder.output_dim, policy, "decoder")
         self.transparent_attention = None
         ta = cfg.transparent_attention
         if ta.enabled:
             # Sources: the encoder's (default: embedding + N layer outputs); M = the decoder's
             # number of encoder-decoder attention modules (its depth; 1 for RNMT+).
             self.transparent_attention = TransparentAttention(
-                num_sources=getattr(self.encoder, "num_transparent_sources",
-                                    cfg.encoder_layers + 1),
-                num_outputs=getattr(self.decoder, "num_attention_modules", None) or len(
-                    self.decoder.layers_),
+                num_sources=self.encoder.num_transparent_sources,
+                num_outputs=self.decoder.num_attention_modules,
                 weight_dropout=ta.weight_dropout, min_probability=ta.min_probability,
                 dtype=policy, name="transparent_attention")
 
@@ -295,19 +131,13 @@ class Seq2SeqModel(keras.Model):
         """
         if self.transparent_attention is None:
             return encoded["memory"]
-        sources = encoded["layer_outputs"]
-        select = getattr(self.encoder, "transparent_sources", None)
-        if select is not None:
-            sources = select(sources)
+        sources = self.encoder.transparent_sources(encoded["layer_outputs"])
         mixes = self.transparent_attention(sources, training=training)
         # RNMT+: the encoder's final projection applies to the mix (Bapna et al. 2018).
-        project = getattr(self.encoder, "project_memory", None)
-        return mixes if project is None else project(mixes)
+        return self.encoder.project_memory(mixes)
 
     def _memory_embeddings(self, encoded):
-        if self.decoder.cross_shortcuts is None:
-            return None
-        return encoded["layer_outputs"][0]
+        return encoded["layer_outputs"][0] if self.decoder.uses_memory_embeddings else None
 
     def decode(self, encoded, target_input_ids, training=None, return_gates=False):
         """Teacher-forced float32 logits ``[B, T, V]`` from an ``encode`` result."""
@@ -335,6 +165,11 @@ class Seq2SeqModel(keras.Model):
         """``token_ids`` ``[B]`` at position ``step`` -> (float32 logits ``[B, V]``, state)."""
         return self.decoder.step(token_ids, step, state)
 
+    def state_reorder_flags(self, state):
+        """Which decoder-state leaves beam search reorders (the decoder declares them:
+        :meth:`~deep_nmt_tf.models.base.Decoder.state_reorder_flags`)."""
+        return self.decoder.state_reorder_flags(state)
+
     # -- diagnostics -----------------------------------------------------------------------
     def diagnostic_weights(self):
         """Learned mixing matrices as float32 tensors (inference values, no dropout):
@@ -349,10 +184,9 @@ class Seq2SeqModel(keras.Model):
         out = {}
         if self.transparent_attention is not None:
             out["transparent_attention"] = self.transparent_attention.mix_weights(training=False)
-        if self.encoder.dlcl is not None:
-            out["encoder_dlcl"] = self.encoder.dlcl.weight_matrix()
-        if self.decoder.dlcl is not None:
-            out["decoder_dlcl"] = self.decoder.dlcl.weight_matrix()
+        for stack in (self.encoder, self.decoder):
+            for name, value in stack.diagnostic_weights().items():
+                out[f"{stack.name}_{name}"] = value
         return out
 
     def lexical_shortcut_gates(self, inputs, training=False):

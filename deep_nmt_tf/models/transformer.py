@@ -31,8 +31,23 @@ from deep_nmt_tf.layers.attention import causal_bias, padding_bias, step_bias
 from deep_nmt_tf.layers.dlcl import DynamicLinearCombination
 from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding, TokenEmbedding
 from deep_nmt_tf.layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
+from deep_nmt_tf.models.base import Decoder, Encoder, register_decoder, register_encoder
 
 __all__ = ["TransformerEncoder", "TransformerDecoder"]
+
+
+def _stack_kwargs(options, model):
+    """Constructor arguments shared by both stacks, from an options section
+    (``model.{encoder,decoder}.transformer``) and the ``ModelConfig``."""
+    dlcl = options.dlcl
+    return dict(d_model=model.d_model, num_heads=options.num_heads, ffn_dim=options.ffn_dim,
+                norm=options.norm, input_dropout=options.input_dropout,
+                residual_dropout=options.residual_dropout,
+                attention_dropout=options.attention_dropout, relu_dropout=options.relu_dropout,
+                layer_norm_epsilon=model.layer_norm_epsilon,
+                dlcl=dict(weights=dlcl.weights, init=dlcl.init, layer_norm=dlcl.layer_norm,
+                          normalize_embedding=dlcl.normalize_embedding, window=dlcl.window,
+                          softmax=dlcl.softmax) if dlcl.enabled else None)
 
 
 class _StackBase(keras.layers.Layer):
@@ -135,7 +150,7 @@ class _StackBase(keras.layers.Layer):
         return self.final_norm(x) if self.final_norm is not None else x
 
     def _build_common(self, ids_shape):
-        if not self.embedding.built:
+        if self.embedding is not None and not self.embedding.built:
             self.embedding.build(ids_shape)
         if self.final_norm is not None:
             self.final_norm.build((None, None, self.d_model))
@@ -162,8 +177,9 @@ class _StackBase(keras.layers.Layer):
         return config
 
 
+@register_encoder("transformer")
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
-class TransformerEncoder(_StackBase):
+class TransformerEncoder(_StackBase, Encoder):
     """Embedding + N Transformer encoder layers (+ final LayerNorm when pre-norm).
 
     Call: ``encoder(source_ids, training=None)`` with int ``[B, S]`` ids (``PAD_ID`` = padding)
@@ -197,6 +213,20 @@ class TransformerEncoder(_StackBase):
                                                 name=f"layer_{i}")
                         for i in range(self.num_layers)]
 
+    @classmethod
+    def from_options(cls, options, model, embedding, dtype, name):
+        lex = options.lexical_shortcuts
+        shortcuts = dict(variant=lex.variant, source=lex.source) if lex.enabled else None
+        return cls(embedding, options.num_layers, dtype=dtype, name=name, shortcuts=shortcuts,
+                   **_stack_kwargs(options, model))
+
+    @property
+    def output_dim(self):
+        return self.d_model
+
+    def diagnostic_weights(self):
+        return {} if self.dlcl is None else {"dlcl": self.dlcl.weight_matrix()}
+
     def build(self, ids_shape):
         self._build_common(ids_shape)
         for layer in self.layers_:
@@ -205,6 +235,16 @@ class TransformerEncoder(_StackBase):
 
     def call(self, source_ids, training=None, return_gates=False):
         mask = ops.not_equal(source_ids, PAD_ID)
+        return self._encode(self.embed(source_ids, training=training), mask, training,
+                            return_gates)
+
+    def call_features(self, features, mask, training=None, return_gates=False):
+        """The layers on ``[B, S, d_model]`` features (no embedding, no positions: a later
+        stage of a cascade); ``input_dropout`` applies to the features."""
+        x = self.input_dropout_layer(features, training=training)
+        return self._encode(x, ops.cast(mask, "bool"), training, return_gates)
+
+    def _encode(self, x0, mask, training, return_gates):
         bias = padding_bias(mask)
         gates = []
 
@@ -213,15 +253,16 @@ class TransformerEncoder(_StackBase):
             gates.append(g)
             return y
 
-        top, outputs = self.run_layers(self.embed(source_ids, training=training), run_layer)
+        top, outputs = self.run_layers(x0, run_layer)
         result = {"memory": self.finalize(top), "mask": mask, "layer_outputs": outputs}
         if return_gates:
             result["gates"] = gates
         return result
 
 
+@register_decoder("transformer")
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
-class TransformerDecoder(_StackBase):
+class TransformerDecoder(_StackBase, Decoder):
     """Embedding + M Transformer decoder layers (+ final LayerNorm when pre-norm) + softmax.
 
     Teacher forcing: ``decoder(target_input_ids, memories, memory_mask, training,
@@ -260,6 +301,32 @@ class TransformerDecoder(_StackBase):
                                                 cross_shortcut=cross_shortcuts,
                                                 name=f"layer_{i}")
                         for i in range(self.num_layers)]
+
+    @classmethod
+    def from_options(cls, options, model, embedding, memory_dim, dtype, name):
+        lex = options.lexical_shortcuts
+        on_self = lex.enabled and lex.placement in ("self", "both")
+        on_cross = lex.enabled and lex.placement in ("cross", "both")
+        return cls(embedding, options.num_layers, dtype=dtype, name=name,
+                   tie_softmax=options.tie_softmax, memory_dim=memory_dim,
+                   shortcuts=dict(variant=lex.variant, source=lex.source) if on_self else None,
+                   cross_shortcuts=lex.variant if on_cross else None,
+                   **_stack_kwargs(options, model))
+
+    @property
+    def uses_memory_embeddings(self):
+        return self.cross_shortcuts is not None
+
+    def state_reorder_flags(self, state):
+        """The self-attention caches follow their hypothesis; the memory mask and the
+        encoder-decoder keys/values are the same for every hypothesis of a sentence."""
+        return {"memory_mask": False,
+                "layers": [{"self": keras.tree.map_structure(lambda _: True, layer["self"]),
+                            "cross": keras.tree.map_structure(lambda _: False, layer["cross"])}
+                           for layer in state["layers"]]}
+
+    def diagnostic_weights(self):
+        return {} if self.dlcl is None else {"dlcl": self.dlcl.weight_matrix()}
 
     def build(self, ids_shape):
         self._build_common(ids_shape)

@@ -21,11 +21,8 @@ Shape of the curve, read off the closed form:
   exactly at ``n * t = e``.  (A floor below ``base / 2`` lets the decay continue until it
   reaches the floor; one above it starts earlier.)
 
-Register in :mod:`deep_nmt_tf.training.schedules`::
-
-    @register_schedule("rnmt_plus")
-    def _build_rnmt_plus(config, num_replicas):
-        return RNMTPlusSchedule.from_training_config(config.training, num_replicas)
+Registered in :mod:`deep_nmt_tf.training.schedules` as ``training.schedule.type: rnmt_plus``
+(options: ``training.schedule.rnmt_plus``).
 
 References:
   Chen et al. 2018, "The Best of Both Worlds", section 4.2, Eq. 1 (formula in
@@ -95,16 +92,13 @@ class RNMTPlusSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.min_learning_rate = float(min_learning_rate)
 
     @classmethod
-    def from_training_config(cls, training, num_replicas):
-        """Builds from a ``TrainingConfig``: ``learning_rate`` is the base (1e-4 in the paper),
-        ``warmup_steps`` is ``p``; ``decay_start``/``decay_end``/``min_learning_rate`` are read
-        when the config has them (keys to add for RNMT+), else the paper's En-De values."""
-        return cls(num_replicas=num_replicas,
-                   warmup_steps=training.warmup_steps,
-                   decay_start=getattr(training, "decay_start", 600000),
-                   decay_end=getattr(training, "decay_end", 1200000),
-                   base_learning_rate=training.learning_rate,
-                   min_learning_rate=getattr(training, "min_learning_rate", 5e-5))
+    def from_options(cls, options, num_replicas):
+        """Builds from ``training.schedule.rnmt_plus`` (``learning_rate`` is the base,
+        ``warmup_steps`` is ``p``, ``decay_start``/``decay_end`` are ``s``/``e``)."""
+        return cls(num_replicas=num_replicas, warmup_steps=options.warmup_steps,
+                   decay_start=options.decay_start, decay_end=options.decay_end,
+                   base_learning_rate=options.learning_rate,
+                   min_learning_rate=options.min_learning_rate)
 
     def __call__(self, step):
         t = ops.cast(step, "float32")

@@ -13,19 +13,23 @@ the number of updates already applied, so the first update uses ``t = 0``.
 * ``rnmt_plus``: Chen et al. 2018, Eq. 1, with the replica count ``n`` and the floor
   (:class:`deep_nmt_tf.training.rnmt_schedule.RNMTPlusSchedule`).
 
-:func:`build_schedule` maps ``training.schedule`` to a builder through :data:`SCHEDULE_BUILDERS`;
-a new schedule is added with :func:`register_schedule` (and its name added to the
-``training.schedule`` choices in ``deep_nmt_tf/config.py``)::
+:func:`build_schedule` builds the schedule that ``training.schedule.type`` names, from its own
+option section (``training.schedule.<type>``).  A new schedule registers its builder and its
+options dataclass together (the config then accepts ``training.schedule.type: my_schedule``)::
 
-    @register_schedule("my_schedule")
-    def _build_my_schedule(config, num_replicas):
-        return MySchedule(config.training.learning_rate, ...)
+    @dataclasses.dataclass
+    class MyScheduleOptions:
+        learning_rate: float = field(1e-3, "The rate.", min=0.0, min_exclusive=True)
+
+    @register_schedule("my_schedule", options=MyScheduleOptions)
+    def _build_my_schedule(options, config, num_replicas):
+        return MySchedule(options.learning_rate)
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import keras
 from keras import ops
@@ -52,7 +56,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     ``t + 1 = p``) and then decays with the inverse square root of the step.
 
     Args:
-      scale: ``r0`` (``training.learning_rate``; 2.0 for Transformer Base, 3.0 for Big).
+      scale: ``r0`` (``training.schedule.transformer.scale``; 2.0 for Transformer Base, 3.0
+        for Big).
       d_model: model dimension.
       warmup_steps: ``p`` (>= 1).
 
@@ -154,16 +159,24 @@ class ConstantSchedule(keras.optimizers.schedules.LearningRateSchedule):
 # Registry
 # --------------------------------------------------------------------------------------------
 
-#: ``training.schedule`` name -> ``builder(config, num_replicas) -> LearningRateSchedule``.
+#: ``training.schedule.type`` -> ``builder(options, config, num_replicas) -> schedule``.
 SCHEDULE_BUILDERS: Dict[str, Callable] = {}
 
 
-def register_schedule(name: str):
-    """Decorator registering ``builder(config, num_replicas)`` under ``training.schedule: name``."""
+def register_schedule(name: str, options: Optional[type] = None):
+    """Decorator registering ``builder(options, config, num_replicas)`` as
+    ``training.schedule.type: name``; ``options`` is its options dataclass (the section
+    ``training.schedule.<name>``; the package's own are in ``deep_nmt_tf.config.schema``)."""
+    from deep_nmt_tf.config import SCHEDULE_TYPES
 
     def wrap(builder):
         if name in SCHEDULE_BUILDERS:
             raise ValueError(f"learning-rate schedule {name!r} is already registered")
+        if options is not None:
+            SCHEDULE_TYPES.register(name, options)
+        elif name not in SCHEDULE_TYPES:
+            raise ValueError(f"register_schedule({name!r}): no options dataclass registered for "
+                             "this schedule; pass options=...")
         SCHEDULE_BUILDERS[name] = builder
         return builder
 
@@ -171,42 +184,40 @@ def register_schedule(name: str):
 
 
 @register_schedule("transformer")
-def _build_transformer(config, num_replicas):
-    t = config.training
-    return TransformerSchedule(t.learning_rate, config.model.d_model, t.warmup_steps)
+def _build_transformer(options, config, num_replicas):
+    return TransformerSchedule(options.scale, config.model.d_model, options.warmup_steps)
 
 
 @register_schedule("inverse_sqrt")
-def _build_inverse_sqrt(config, num_replicas):
-    t = config.training
-    return InverseSqrtSchedule(t.learning_rate, t.warmup_steps, t.warmup_init_lr)
+def _build_inverse_sqrt(options, config, num_replicas):
+    return InverseSqrtSchedule(options.learning_rate, options.warmup_steps,
+                               options.warmup_init_lr)
 
 
 @register_schedule("constant")
-def _build_constant(config, num_replicas):
-    t = config.training
-    return ConstantSchedule(t.learning_rate, t.warmup_steps)
+def _build_constant(options, config, num_replicas):
+    return ConstantSchedule(options.learning_rate, options.warmup_steps)
 
 
 @register_schedule("rnmt_plus")
-def _build_rnmt_plus(config, num_replicas):
+def _build_rnmt_plus(options, config, num_replicas):
     from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
 
-    return RNMTPlusSchedule.from_training_config(config.training, num_replicas)
+    return RNMTPlusSchedule.from_options(options, num_replicas)
 
 
 def build_schedule(config, num_replicas: int = 1
                    ) -> keras.optimizers.schedules.LearningRateSchedule:
-    """The schedule named by ``config.training.schedule``.
+    """The schedule that ``config.training.schedule`` describes.
 
     Args:
       config: a :class:`deep_nmt_tf.config.Config` (the model section gives ``d_model``).
       num_replicas: replicas training concurrently (the RNMT+ schedule depends on it).
     """
-    name = config.training.schedule
+    schedule = config.training.schedule
     try:
-        builder = SCHEDULE_BUILDERS[name]
+        builder = SCHEDULE_BUILDERS[schedule.type]
     except KeyError:
-        raise ValueError(f"training.schedule: unknown schedule {name!r} (known: "
+        raise ValueError(f"training.schedule.type: unknown schedule {schedule.type!r} (known: "
                          f"{', '.join(sorted(SCHEDULE_BUILDERS))})") from None
-    return builder(config, num_replicas)
+    return builder(schedule.get(), config, num_replicas)

@@ -6,8 +6,8 @@ Config (``training`` section)::
     warm_start:
       checkpoint: runs/rnmt_plus       # ckpt-N, or a model directory (its latest checkpoint)
       source: encoder                  # sub-module of that run's model
-      target: encoder/rnmt             # sub-module of this model (empty: = source)
-    freeze: [encoder/rnmt]             # sub-modules not trained (excluded from the optimizer)
+      target: encoder/stages/0         # sub-module of this model (empty: = source)
+    freeze: [encoder/stages/0]         # sub-modules not trained (excluded from the optimizer)
 
 Each ``warm_start`` key takes one value or a list: entry i copies ``source[i]`` of
 ``checkpoint[i]`` into ``target[i]`` (one source/target applies to every checkpoint), e.g. a
@@ -15,7 +15,7 @@ multi-column encoder from two runs: ``checkpoint: [runs/rnmt, runs/trans_rnmt]``
 encoder``, ``target: [encoder/columns/0, encoder/columns/1]``.
 
 A sub-module is a ``/``-separated attribute path from the :class:`~deep_nmt_tf.models.
-Seq2SeqModel` (``encoder``, ``decoder``, ``encoder/rnmt`` (cascaded), ``encoder/columns/0``
+Seq2SeqModel` (``encoder``, ``decoder``, ``encoder/stages/0`` (a cascade's first stage), ``encoder/columns/0``
 (multi-column; integers index lists), ``decoder/embedding`` ...).
 
 The earlier run's model is described by the ``config.yaml`` of the checkpoint's directory; it is
@@ -47,7 +47,7 @@ __all__ = ["resolve_module", "module_weights", "warm_start", "frozen_variables",
 
 
 def resolve_module(model, path: str, key: str, source: str = "<config>"):
-    """The sub-module of ``model`` at ``path`` (``encoder/rnmt``); ConfigError naming ``key``."""
+    """The sub-module of ``model`` at ``path`` (``encoder/stages/0``); ConfigError naming ``key``."""
     node = model
     parts = [p for p in path.split("/") if p]
     if not parts:
@@ -59,11 +59,18 @@ def resolve_module(model, path: str, key: str, source: str = "<config>"):
             node = None
         if node is None or not (isinstance(node, (list, tuple)) or hasattr(node, "weights")):
             raise ConfigError(f"{source}: {key}: {'/'.join(parts[:i + 1])!r} is not a "
-                              f"sub-module of the {type(model).__name__} "
-                              f"({model.model_config.architecture if hasattr(model, 'model_config') else ''})")
+                              f"sub-module of the {_describe(model)}")
     if not hasattr(node, "weights"):
         raise ConfigError(f"{source}: {key}: {path!r} is not a layer")
     return node
+
+
+def _describe(model) -> str:
+    """``Seq2SeqModel (encoder rnmt_plus, decoder transformer)`` for messages."""
+    cfg = getattr(model, "model_config", None)
+    if cfg is None:
+        return type(model).__name__
+    return f"{type(model).__name__} (encoder {cfg.encoder.type}, decoder {cfg.decoder.type})"
 
 
 def module_weights(module) -> Dict[str, object]:

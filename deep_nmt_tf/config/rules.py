@@ -1,0 +1,162 @@
+"""Checks between keys: every cross-field rule of the config, each in one place.
+
+Single values (types, choices, ranges, finiteness) are checked where the keys are declared
+(:func:`deep_nmt_tf.config.fields.field`); what needs two or more keys is checked here, after
+the tree is built, with the error blamed on the file and line (or ``--override``) of the key
+that is named.  An options class from outside the package may add its own checks with a method
+``validate(path, model, fail)`` (``path``: its dotted key; ``fail(key, message)`` raises).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from deep_nmt_tf.config.fields import ConfigError, OneOf
+from deep_nmt_tf.config.model_schema import (CascadedEncoderOptions, DLCLOptions,
+                                             MultiColumnEncoderOptions, RNMTPlusDecoderOptions,
+                                             TransformerDecoderOptions,
+                                             TransformerEncoderOptions)
+from deep_nmt_tf.config.schema import Config, RNMTPlusScheduleOptions
+
+__all__ = ["validate", "component_types"]
+
+Fail = Callable[[str, str], None]
+
+
+def validate(cfg: Config, locator, default_where: str) -> None:
+    """Runs every cross-field rule; raises ConfigError at the first broken one."""
+
+    def fail(key: str, message: str):
+        raise ConfigError(f"{locator.where(key, default_where)}: {key}: {message}")
+
+    _model(cfg.model, fail)
+    _data(cfg.data, fail)
+    _training(cfg, fail)
+    if cfg.decoding.n_best > cfg.decoding.beam_size:
+        fail("decoding.n_best", f"{cfg.decoding.n_best} exceeds decoding.beam_size="
+             f"{cfg.decoding.beam_size}")
+
+
+def component_types(one_of: OneOf):
+    """Every component type in a one-of, nested stages and columns included."""
+    yield one_of.type
+    options = one_of.get()
+    for part in getattr(options, "stages", ()) + getattr(options, "columns", ()):
+        yield from component_types(part)
+
+
+# --------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------
+
+
+def _model(m, fail: Fail) -> None:
+    _component(m.encoder, "model.encoder", m, fail)
+    _component(m.decoder, "model.decoder", m, fail)
+    encoder = m.encoder.get()
+    if m.transparent_attention.enabled and not getattr(encoder, "TRANSPARENT_ATTENTION", True):
+        fail("model.transparent_attention.enabled", f"transparent attention is not defined for "
+             f"the {m.encoder.type} encoder (its layers differ in width)")
+    if m.tie_source_target_embeddings:
+        source = _embedding_kind(encoder)
+        target = _embedding_kind(m.decoder.get())
+        if source and target and source != target:
+            fail("model.tie_source_target_embeddings", f"the source embedding is a {source} "
+                 f"embedding and the target one a {target} embedding (scaled by "
+                 "sqrt(d_model) or not, initialised differently): set it to false")
+
+
+def _embedding_kind(options):
+    kind = getattr(options, "embedding_kind", None)
+    return kind() if callable(kind) else None
+
+
+def _component(one_of: OneOf, path: str, m, fail: Fail) -> None:
+    options = one_of.get()
+    key = f"{path}.{one_of.type}"
+    if isinstance(options, (TransformerEncoderOptions, TransformerDecoderOptions)):
+        _transformer(options, key, m, fail)
+    elif isinstance(options, RNMTPlusDecoderOptions):
+        width = options.attention_dim or options.units or m.d_model
+        if width % options.attention_heads:
+            fail(f"{key}.attention_heads", f"{options.attention_heads} does not divide the "
+                 f"attention width {width} ({key}.attention_dim, else the units, else "
+                 "model.d_model)")
+    elif isinstance(options, CascadedEncoderOptions):
+        _parts(options.stages, f"{key}.stages", "a cascade needs at least one stage", m, fail)
+    elif isinstance(options, MultiColumnEncoderOptions):
+        _parts(options.columns, f"{key}.columns", "a multi-column encoder needs at least one "
+               "column", m, fail)
+    own = getattr(options, "validate", None)
+    if callable(own):
+        own(key, m, fail)
+
+
+def _parts(parts, key: str, empty_message: str, m, fail: Fail) -> None:
+    if not parts:
+        fail(key, empty_message)
+    for i, part in enumerate(parts):
+        _component(part, f"{key}[{i}]", m, fail)
+
+
+def _transformer(options, key: str, m, fail: Fail) -> None:
+    if m.d_model % options.num_heads:
+        fail(f"{key}.num_heads", f"{options.num_heads} does not divide model.d_model="
+             f"{m.d_model}")
+    _dlcl(options.dlcl, f"{key}.dlcl", fail)
+    lex = options.lexical_shortcuts
+    if lex.enabled and getattr(lex, "placement", "self") != "self" and \
+            lex.source == "non_lexical":
+        fail(f"{key}.lexical_shortcuts.source", "'non_lexical' (Emelin et al. section 4.3) is "
+             "defined for self-attention shortcuts only; use placement: self")
+
+
+def _dlcl(d: DLCLOptions, key: str, fail: Fail) -> None:
+    if d.normalize_embedding and not d.layer_norm:
+        fail(f"{key}.normalize_embedding", f"true needs {key}.layer_norm: true (without the "
+             "layer norms there is nothing to apply to y_0)")
+
+
+# --------------------------------------------------------------------------------------------
+# data, training
+# --------------------------------------------------------------------------------------------
+
+
+def _data(d, fail: Fail) -> None:
+    if bool(d.dev_source) != bool(d.dev_target):
+        fail("data.dev_source", "dev_source and dev_target must be given together")
+    if bool(d.test_source) != bool(d.test_target):
+        fail("data.test_source", "test_source and test_target must be given together")
+
+
+def _training(cfg: Config, fail: Fail) -> None:
+    t = cfg.training
+    schedule = t.schedule.get()
+    key = f"training.schedule.{t.schedule.type}"
+    if isinstance(schedule, RNMTPlusScheduleOptions) and \
+            schedule.decay_end <= schedule.decay_start:
+        fail(f"{key}.decay_end", f"{schedule.decay_end} must exceed {key}.decay_start="
+             f"{schedule.decay_start}")
+    own = getattr(schedule, "validate", None)
+    if callable(own):
+        own(key, cfg.model, fail)
+    if t.jit_compile and "rnmt_plus" in set(component_types(cfg.model.encoder)) | set(
+            component_types(cfg.model.decoder)):
+        fail("training.jit_compile", "XLA cannot compile the gradient of the RNMT+ recurrences "
+             "(keras.ops.scan's while loop on TensorFlow has no maximum_iterations); set it "
+             "to false (decoding and export still compile with XLA)")
+    ws = t.warm_start
+    n = len(ws.checkpoint)
+    for name, paths in (("source", ws.source), ("target", ws.target)):
+        if n and len(paths) not in ((1, n) if name == "source" else (0, 1, n)):
+            fail(f"training.warm_start.{name}", f"{len(paths)} entries for {n} "
+                 "training.warm_start.checkpoint entries (give one, or one per checkpoint)")
+        for i, path in enumerate(paths):
+            if not path.strip("/"):
+                fail(f"training.warm_start.{name}", f"entry {i} names no sub-module")
+    for i, path in enumerate(ws.checkpoint):
+        if not path:
+            fail("training.warm_start.checkpoint", f"entry {i} is empty")
+    for i, path in enumerate(t.freeze):
+        if not path.strip("/"):
+            fail("training.freeze", f"entry {i} names no sub-module (e.g. encoder/stages/0)")

@@ -1,0 +1,211 @@
+"""The config tree: ``model`` (:mod:`~deep_nmt_tf.config.model_schema`), ``data``, ``training``
+(with the learning-rate schedule as a one-of section) and ``decoding``.
+
+Every key is declared once, with its default, a one-line description and its value checks
+(:func:`~deep_nmt_tf.config.fields.field`); the checks between keys are in
+:mod:`deep_nmt_tf.config.rules`.  ``docs/CONFIG.md`` is generated from these declarations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Tuple
+
+from deep_nmt_tf.config.fields import OneOf, Registry, field
+from deep_nmt_tf.config.model_schema import ModelConfig
+
+__all__ = [
+    "SCHEDULE_TYPES", "ScheduleConfig", "TransformerScheduleOptions",
+    "InverseSqrtScheduleOptions", "ConstantScheduleOptions", "RNMTPlusScheduleOptions",
+    "DataConfig", "AdaptiveClippingConfig", "WarmStartConfig", "TrainingConfig",
+    "DecodingConfig", "Config",
+]
+
+SCHEDULE_TYPES = Registry("learning-rate schedule", "training.schedule",
+                          "deep_nmt_tf.training.schedules.register_schedule(name, options=...)")
+
+
+# --------------------------------------------------------------------------------------------
+# Learning-rate schedules (one section per type; the builders are in training/schedules.py)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TransformerScheduleOptions:
+    """Chen et al. 2018 Eq. 2 (Vaswani et al.'s "noam"):
+    r0 * d_model^-0.5 * min((t+1) p^-1.5, (t+1)^-0.5)."""
+    scale: float = field(2.0, "r0 (2.0 for Transformer Base, 3.0 for Big).", min=0.0,
+                         min_exclusive=True)
+    warmup_steps: int = field(4000, "p: linear warm-up steps, then inverse-sqrt decay.", min=1)
+
+
+@dataclasses.dataclass
+class InverseSqrtScheduleOptions:
+    """Fairseq's inverse_sqrt: linear warm-up from warmup_init_lr to learning_rate over
+    warmup_steps, then learning_rate * sqrt(warmup_steps / t)."""
+    learning_rate: float = field(5e-4, "Peak learning rate (at the end of the warm-up).",
+                                 min=0.0, min_exclusive=True)
+    warmup_steps: int = field(4000, "Warm-up steps (0: no warm-up, lr / sqrt(t)).", min=0)
+    warmup_init_lr: float = field(1e-7, "Learning rate of the first update.", min=0.0)
+
+
+@dataclasses.dataclass
+class ConstantScheduleOptions:
+    """A constant learning rate, optionally after a linear warm-up."""
+    learning_rate: float = field(1e-3, "The learning rate.", min=0.0, min_exclusive=True)
+    warmup_steps: int = field(0, "Linear warm-up steps (0: none).", min=0)
+
+
+@dataclasses.dataclass
+class RNMTPlusScheduleOptions:
+    """Chen et al. 2018 Eq. 1 with n = the number of replicas, held at min_learning_rate
+    after the decay."""
+    learning_rate: float = field(1e-4, "The base rate of Eq. 1 (1e-4 in the paper).", min=0.0,
+                                 min_exclusive=True)
+    warmup_steps: int = field(500, "p of Eq. 1 (the ramp reaches n * base at n * p).", min=0)
+    decay_start: int = field(600000, "s of Eq. 1 (decay starts when replicas * step reaches "
+                             "s).", min=0)
+    decay_end: int = field(1200000, "e of Eq. 1 (end of the exponential decay); must exceed "
+                           "decay_start.", min=1)
+    min_learning_rate: float = field(5e-5, "Floor after the decay (the paper's 5e-5).",
+                                     min=0.0)
+
+
+class ScheduleConfig(OneOf):
+    """``training.schedule``: ``type`` and one option section per registered schedule."""
+    registry = SCHEDULE_TYPES
+    default_type = "transformer"
+
+
+SCHEDULE_TYPES.register("transformer", TransformerScheduleOptions)
+SCHEDULE_TYPES.register("inverse_sqrt", InverseSqrtScheduleOptions)
+SCHEDULE_TYPES.register("constant", ConstantScheduleOptions)
+SCHEDULE_TYPES.register("rnmt_plus", RNMTPlusScheduleOptions)
+
+
+# --------------------------------------------------------------------------------------------
+# Data, training, decoding
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DataConfig:
+    corpus: str = field("files", "'files': the paths below; 'synthetic': the built-in corpus "
+                        "(written under MODEL_DIR/data).", choices=("files", "synthetic"))
+    synthetic_train_size: int = field(20000, "Synthetic corpus: training pairs.", min=1)
+    synthetic_dev_size: int = field(500, "Synthetic corpus: dev pairs.", min=1)
+    synthetic_test_size: int = field(500, "Synthetic corpus: test pairs.", min=1)
+    synthetic_seed: int = field(1234, "Synthetic corpus: generator seed.")
+    train_source: str = field("", "Training source text, one sentence per line.")
+    train_target: str = field("", "Training target text, aligned with train_source.")
+    dev_source: str = field("", "Dev source (validation loss and BLEU); optional.")
+    dev_target: str = field("", "Dev target reference.")
+    test_source: str = field("", "Test source (tools/evaluate.py default); optional.")
+    test_target: str = field("", "Test target reference.")
+    vocab: str = field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
+                       "(learned from the training data if missing).")
+    vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
+    lowercase: bool = field(False, "Lower-case text before tokenisation.")
+    max_source_length: int = field(128, "Drop training pairs with longer source (tokens).",
+                                   min=1)
+    max_target_length: int = field(128, "Drop training pairs with longer target (tokens).",
+                                   min=1)
+    shuffle_buffer: int = field(100000, "Examples in the shuffle buffer.", min=1)
+    num_buckets: int = field(16, "Length buckets for token-based batching.", min=1)
+    max_dev_sentences: int = field(0, "Use at most this many dev pairs (0 = all).", min=0)
+
+
+@dataclasses.dataclass
+class AdaptiveClippingConfig:
+    """Adaptive gradient clipping of RNMT+ (Chen et al. 2018 section 4.2): skip a step whose
+    log gradient norm is more than ``num_stddevs`` moving standard deviations above its moving
+    mean (:mod:`deep_nmt_tf.training.adaptive_clipping`)."""
+    enabled: bool = field(False, "Skip outlier steps (the skips are counted in TensorBoard).")
+    decay: float = field(0.995, "Decay of the moving averages of log-norm statistics.",
+                         min=0.0, max=1.0, min_exclusive=True, max_exclusive=True)
+    num_stddevs: float = field(4.0, "Skip when log-norm > mean + num_stddevs * std.", min=0.0,
+                               min_exclusive=True)
+    warmup_steps: int = field(-1, "Finite norms to see before any skip (-1: until the moving "
+                              "averages' weight exceeds 0.75, 277 steps at decay 0.995).",
+                              min=-1)
+    norm_floor: float = field(0.01, "The norm is floored at this value before the log.",
+                              min=0.0, min_exclusive=True)
+    min_stddev: float = field(1e-3, "Floor of the moving standard deviation.", min=0.0)
+
+
+@dataclasses.dataclass
+class WarmStartConfig:
+    """Initialise sub-modules from earlier runs (``deep_nmt_tf.training.warm_start``).  Each
+    key is one value or a list; entry i copies source[i] of checkpoint[i] into target[i] (a
+    single source/target applies to every checkpoint)."""
+    checkpoint: Tuple[str, ...] = field((), "Checkpoint(s) (MODEL_DIR/ckpt-N) or model "
+                                        "directories (their latest) of earlier runs, whose "
+                                        "config.yaml describes the model; empty: no warm "
+                                        "start.")
+    source: Tuple[str, ...] = field(("encoder",), "Sub-module(s) of the earlier run's model "
+                                    "to copy, '/'-separated attribute paths (e.g. encoder, "
+                                    "decoder).")
+    target: Tuple[str, ...] = field((), "Sub-module(s) of this model to initialise (e.g. "
+                                    "encoder/stages/0: a cascade's first stage; "
+                                    "encoder/columns/0: a multi-column encoder's first "
+                                    "column); empty: the same as source.")
+
+
+@dataclasses.dataclass
+class TrainingConfig:
+    train_steps: int = field(100000, "Number of optimizer updates.", min=1)
+    batch_tokens: int = field(4096, "Approximate source+target tokens per global batch.", min=1)
+    gradient_accumulation_steps: int = field(1, "Micro-batches accumulated per update.", min=1)
+    schedule: ScheduleConfig = field(ScheduleConfig(), "Learning-rate schedule: type and "
+                                     "options.")
+    adam_beta1: float = field(0.9, "Adam beta1.", min=0.0, max=1.0)
+    adam_beta2: float = field(0.98, "Adam beta2.", min=0.0, max=1.0)
+    adam_epsilon: float = field(1e-9, "Adam epsilon.", min=0.0, min_exclusive=True)
+    weight_decay: float = field(0.0, "L2 weight decay added to the loss (0 = off).", min=0.0)
+    label_smoothing: float = field(0.1, "Label smoothing epsilon.", min=0.0, max=1.0)
+    loss_normalization: str = field("token", "Normalise the loss per target token or per "
+                                    "sentence.", choices=("token", "sentence"))
+    clip_norm: float = field(0.0, "Clip gradients to this global norm (0 = off).", min=0.0)
+    adaptive_clipping: AdaptiveClippingConfig = field(AdaptiveClippingConfig(),
+                                                      "Adaptive gradient clipping (RNMT+).")
+    seed: int = field(42, "Seed for initialisation, dropout and data order.")
+    log_every: int = field(100, "Steps between console/TensorBoard logs.", min=1)
+    checkpoint_every: int = field(1000, "Steps between checkpoints.", min=1)
+    keep_checkpoints: int = field(5, "Checkpoints to keep.", min=1)
+    eval_every: int = field(5000, "Steps between dev evaluations (0 = never).", min=0)
+    eval_bleu: bool = field(True, "Compute dev BLEU (greedy decoding) at each evaluation.")
+    grad_norm_ratio_every: int = field(0, "Steps between grad-norm-ratio diagnostics (0 = "
+                                       "off).", min=0)
+    diagnostics_every: int = field(0, "Steps between the TensorBoard heatmaps of the mixing "
+                                   "weights (transparent attention, DLCL) and the mean "
+                                   "lexical-shortcut gates on a fixed batch (0: every "
+                                   "log_every steps).", min=0)
+    jit_compile: bool = field(False, "Compile the training step with XLA.")
+    warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
+    freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
+                                    "e.g. [encoder/stages/0]) whose variables are not trained "
+                                    "(excluded from the optimizer).")
+
+
+@dataclasses.dataclass
+class DecodingConfig:
+    beam_size: int = field(4, "Beam size (1 = greedy).", min=1)
+    length_penalty: float = field(0.6, "GNMT length penalty alpha: ((5+len)/6)^alpha.", min=0.0)
+    max_length_a: float = field(1.5, "Max output length = a * source_length + b.", min=0.0)
+    max_length_b: int = field(10, "Max output length = a * source_length + b.", min=1)
+    n_best: int = field(1, "Hypotheses returned per source.", min=1)
+    batch_size: int = field(32, "Sentences per decoding batch.", min=1)
+    max_input_length: int = field(256, "Longer inputs are truncated (tokens) when serving.",
+                                  min=1)
+
+
+@dataclasses.dataclass
+class Config:
+    model: ModelConfig = field(ModelConfig(), "Model architecture.")
+    data: DataConfig = field(DataConfig(), "Data and vocabulary.")
+    training: TrainingConfig = field(TrainingConfig(), "Optimisation and training loop.")
+    decoding: DecodingConfig = field(DecodingConfig(), "Search.")
+
+    # Where the config came from (not a key).
+    source: str = dataclasses.field(default="<defaults>", compare=False, repr=False,
+                                    metadata={"internal": True})
