@@ -39,6 +39,9 @@ def test_every_tool_is_a_console_script_with_run():
 def test_build_lists_every_module_tool_and_test():
     build = open(os.path.join(ROOT, "BUILD"), encoding="utf-8").read()
     listed = set(re.findall(r'"([\w/]+\.py)"', build))
+    for pattern in re.findall(r'glob\(\["([\w/*]+\.py)"\]\)', build):
+        listed.discard(pattern)
+        listed |= {os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern))}
     expected = {os.path.relpath(p, ROOT) for pattern in
                 ("deep_nmt_tf/**/*.py", "tools/*.py", "tests/test_*.py")
                 for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)}

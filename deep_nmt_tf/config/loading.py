@@ -275,10 +275,25 @@ def build_section(cls, data, key: str, locator: Locator, default_where: str):
     return cls(**kwargs)
 
 
+def _register_package_types():
+    """Imports the package's model and schedule modules, whose types may keep their options
+    beside their code (the four built-in encoders, two decoders and four schedules are
+    declared in this package and need no import)."""
+    import importlib
+
+    for module in ("deep_nmt_tf.models", "deep_nmt_tf.training.schedules"):
+        try:
+            importlib.import_module(module)
+        except ImportError:  # e.g. no TensorFlow for the schedules: nothing more to find
+            pass
+
+
 def _build_one_of(cls, data, prefix: str, locator: Locator, default_where: str):
     registry = cls.registry
     type_key = f"{prefix}type"
     chosen = data.get("type", cls.default_type)
+    if isinstance(chosen, str) and chosen not in registry:
+        _register_package_types()
     if not isinstance(chosen, str) or chosen not in registry:
         raise ConfigError(f"{locator.where(type_key, default_where)}: {type_key}: "
                           f"{registry.unknown_message(chosen)}")

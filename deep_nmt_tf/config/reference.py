@@ -29,7 +29,9 @@ def describe_config(cls=Config, prefix: str = "") -> List[Tuple[str, Any, str]]:
         tp, help_ = hints[f.name], f.metadata.get("help", "")
         key = f"{prefix}{f.name}"
         if isinstance(tp, type) and issubclass(tp, OneOf):
-            names = tp.registry.names()
+            # The package's own types (not those a user's code or a test registered).
+            names = [n for n in tp.registry.names()
+                     if tp.registry[n].__module__.startswith("deep_nmt_tf.")]
             rows.append((f"{key}.type", tp.default_type,
                          f"{help_} One of: {', '.join(names)}."))
             for name in names:
@@ -55,7 +57,10 @@ def _cell(value) -> str:
 
 
 def config_reference_markdown() -> str:
-    """The text of ``docs/CONFIG.md``."""
+    """The text of ``docs/CONFIG.md`` (the package's own types, all of them registered)."""
+    from deep_nmt_tf.config.loading import _register_package_types
+
+    _register_package_types()
     lines = ["# Configuration reference", "",
              "Generated from `deep_nmt_tf/config/` by `python -m deep_nmt_tf.config`; every key "
              "can be set in YAML or with `--override=KEY=VALUE`.", "",
