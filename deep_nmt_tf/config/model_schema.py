@@ -101,8 +101,8 @@ class DecoderShortcutOptions:
 
 
 @dataclasses.dataclass
-class TransformerEncoderOptions:
-    """A Transformer encoder stack (``model.encoder.type: transformer``)."""
+class _TransformerStackOptions:
+    """The keys both Transformer stacks have."""
     num_layers: int = field(6, "Number of layers.", min=1)
     num_heads: int = field(8, "Attention heads; must divide model.d_model.", min=1)
     ffn_dim: int = field(2048, "Inner dimension of the feed-forward sub-layers.", min=1)
@@ -118,38 +118,26 @@ class TransformerEncoderOptions:
     relu_dropout: float = field(0.0, "Dropout inside the feed-forward sub-layer.", min=0.0,
                                 max=1.0)
     dlcl: DLCLOptions = field(DLCLOptions(), "DLCL (Wang et al. 2019).")
-    lexical_shortcuts: EncoderShortcutOptions = field(EncoderShortcutOptions(),
-                                                      "Lexical shortcuts (Emelin et al. 2019).")
-
-    TRANSPARENT_ATTENTION: ClassVar[bool] = True
 
     def embedding_kind(self) -> str:
         return "transformer"
 
 
 @dataclasses.dataclass
-class TransformerDecoderOptions:
-    """A Transformer decoder stack (``model.decoder.type: transformer``)."""
-    num_layers: int = field(6, "Number of layers.", min=1)
-    num_heads: int = field(8, "Attention heads; must divide model.d_model.", min=1)
-    ffn_dim: int = field(2048, "Inner dimension of the feed-forward sub-layers.", min=1)
-    norm: str = field("post", "Residual layout: 'post' (LN after the residual) or 'pre' (LN "
-                      "before each sub-layer, and a final LN).", choices=("pre", "post"))
-    input_dropout: float = field(0.1, "Dropout on the target embeddings + positions.",
-                                 min=0.0, max=1.0)
-    residual_dropout: float = field(0.1, "Dropout on each sub-layer output before the "
-                                    "residual.", min=0.0, max=1.0)
-    attention_dropout: float = field(0.0, "Dropout on attention probabilities.", min=0.0,
-                                     max=1.0)
-    relu_dropout: float = field(0.0, "Dropout inside the feed-forward sub-layer.", min=0.0,
-                                max=1.0)
-    tie_softmax: bool = field(True, "Use the target embedding matrix as the softmax weights.")
-    dlcl: DLCLOptions = field(DLCLOptions(), "DLCL (Wang et al. 2019).")
-    lexical_shortcuts: DecoderShortcutOptions = field(DecoderShortcutOptions(),
+class TransformerEncoderOptions(_TransformerStackOptions):
+    """A Transformer encoder stack (``model.encoder.type: transformer``)."""
+    lexical_shortcuts: EncoderShortcutOptions = field(EncoderShortcutOptions(),
                                                       "Lexical shortcuts (Emelin et al. 2019).")
 
-    def embedding_kind(self) -> str:
-        return "transformer"
+    TRANSPARENT_ATTENTION: ClassVar[bool] = True
+
+
+@dataclasses.dataclass
+class TransformerDecoderOptions(_TransformerStackOptions):
+    """A Transformer decoder stack (``model.decoder.type: transformer``)."""
+    lexical_shortcuts: DecoderShortcutOptions = field(DecoderShortcutOptions(),
+                                                      "Lexical shortcuts (Emelin et al. 2019).")
+    tie_softmax: bool = field(True, "Use the target embedding matrix as the softmax weights.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,13 +146,13 @@ class TransformerDecoderOptions:
 
 
 @dataclasses.dataclass
-class RNMTPlusEncoderOptions:
-    """An RNMT+ encoder: bidirectional LayerNorm-LSTM layers and a projection to d_model."""
-    num_layers: int = field(6, "Bidirectional layers.", min=1)
-    units: int = field(0, "LSTM units per direction (0: model.d_model); layer outputs are "
-                       "twice as wide.", min=0)
-    embedding_dropout: float = field(0.1, "Dropout on the embeddings (as a cascade stage, on "
-                                     "the previous stage's output).", min=0.0, max=1.0)
+class _RNMTPlusStackOptions:
+    """The keys both RNMT+ stacks have."""
+    units: int = field(0, "LSTM units (encoder: per direction, its layer outputs twice as "
+                       "wide); 0: model.d_model.", min=0)
+    embedding_dropout: float = field(0.1, "Dropout on the embeddings (an encoder as a cascade "
+                                     "stage: on the previous stage's output).", min=0.0,
+                                     max=1.0)
     dropout: float = field(0.1, "Dropout on each layer's output before it feeds the next "
                            "layer.", min=0.0, max=1.0)
     residual_start: int = field(2, "First layer (0-based) with a residual connection (2: from "
@@ -174,35 +162,28 @@ class RNMTPlusEncoderOptions:
     forget_bias: float = field(1.0, "Initial forget-gate bias (part of the per-gate LayerNorm "
                                "offset).")
 
-    TRANSPARENT_ATTENTION: ClassVar[bool] = True
-
     def embedding_kind(self) -> str:
         return "rnmt_plus"
 
 
 @dataclasses.dataclass
-class RNMTPlusDecoderOptions:
-    """An RNMT+ decoder: LayerNorm-LSTM layers, multi-head additive attention, input feeding."""
-    num_layers: int = field(8, "LSTM layers (layer 0 feeds the attention).", min=1)
-    units: int = field(0, "LSTM units of every layer (0: model.d_model).", min=0)
+class RNMTPlusEncoderOptions(_RNMTPlusStackOptions):
+    """An RNMT+ encoder: bidirectional LayerNorm-LSTM layers and a projection to d_model."""
+    num_layers: int = field(6, "Bidirectional layers.", min=1)
+
+    TRANSPARENT_ATTENTION: ClassVar[bool] = True
+
+
+@dataclasses.dataclass
+class RNMTPlusDecoderOptions(_RNMTPlusStackOptions):
+    """An RNMT+ decoder: LayerNorm-LSTM layers, multi-head additive attention, input feeding
+    (layer 0 feeds the attention)."""
+    num_layers: int = field(8, "LSTM layers.", min=1)
     attention_heads: int = field(4, "Heads of the multi-head additive attention.", min=1)
     attention_dim: int = field(0, "Additive-attention projection (= context) width (0: the "
                                "units); attention_heads must divide it.", min=0)
-    embedding_dropout: float = field(0.1, "Dropout on the target embeddings.", min=0.0,
-                                     max=1.0)
-    dropout: float = field(0.1, "Dropout on each layer's output before it feeds the next "
-                           "layer.", min=0.0, max=1.0)
     attention_dropout: float = field(0.0, "Dropout on the attention probabilities.", min=0.0,
                                      max=1.0)
-    residual_start: int = field(2, "First layer (0-based) with a residual connection (layer 0 "
-                                "never has one).", min=1)
-    cell_clip: float = field(10.0, "Clip the LSTM cell state to +-cell_clip (0: no clipping).",
-                             min=0.0)
-    forget_bias: float = field(1.0, "Initial forget-gate bias (part of the per-gate LayerNorm "
-                               "offset).")
-
-    def embedding_kind(self) -> str:
-        return "rnmt_plus"
 
 
 ENCODER_TYPES.register("transformer", TransformerEncoderOptions)

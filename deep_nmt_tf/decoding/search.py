@@ -151,6 +151,43 @@ def _prepare(model, source_ids, max_length_a, max_length_b, max_length):
     return source_ids, max_length, limits, state
 
 
+def _decode_loop(model, state, limits, max_length, min_length, log_probs, extend):
+    """The decoding loop both searches run.
+
+    Every row starts from ``BOS``; at each step the model scores the next token
+    (``log_softmax`` of ``decode_step``'s logits, ``PAD``/``BOS`` banned, ``EOS`` banned before
+    ``min_length``) and ``extend(step, logp, ids, lengths, log_probs, finished, new_state)``
+    picks the tokens and returns the next ``(tokens, ids, lengths, log_probs, finished,
+    state)``.  The loop ends after ``max_length`` steps or when every row has finished.
+
+    Returns:
+      ``ids`` ``[rows, max_length]``, ``lengths`` ``[rows]``, ``log_probs`` ``[rows]``.
+    """
+    rows = ops.shape(limits)[0]
+    loop_vars = (ops.convert_to_tensor(0, "int32"), ops.full((rows,), BOS_ID, "int32"),
+                 ops.zeros((rows, max_length), "int32"), ops.zeros((rows,), "int32"),
+                 log_probs, ops.less_equal(limits, 0), state)
+
+    def cond(step, tokens, ids, lengths, log_probs, finished, state):
+        return ops.logical_and(ops.less(step, max_length),
+                               ops.logical_not(ops.all(finished)))
+
+    def body(step, tokens, ids, lengths, log_probs, finished, state):
+        logits, new_state = model.decode_step(tokens, step, state)
+        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        logp = logp + _token_bias(logits.shape[-1], step, min_length)[None, :]
+        return (step + 1,) + tuple(extend(step, logp, ids, lengths, log_probs, finished,
+                                          new_state))
+
+    _, _, ids, lengths, log_probs, _, _ = ops.while_loop(cond, body, loop_vars)
+    return ids, lengths, log_probs
+
+
+def _ends(tokens, lengths, limits):
+    """Rows that finish with these tokens: ``EOS`` or the row's length limit reached."""
+    return ops.logical_or(ops.equal(tokens, EOS_ID), ops.greater_equal(lengths, limits))
+
+
 # ---------------------------------------------------------------------------------------------
 # Greedy search
 # ---------------------------------------------------------------------------------------------
@@ -175,36 +212,20 @@ def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b:
     """
     source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
                                                      max_length_b, max_length)
-    batch = ops.shape(source_ids)[0]
-    tokens = ops.full((batch,), BOS_ID, "int32")
-    ids = ops.zeros((batch, max_length), "int32")
-    lengths = ops.zeros((batch,), "int32")
-    log_probs = ops.zeros((batch,), "float32")
-    finished = ops.less_equal(limits, 0)
-    step = ops.convert_to_tensor(0, "int32")
 
-    def cond(step, tokens, ids, lengths, log_probs, finished, state):
-        return ops.logical_and(ops.less(step, max_length),
-                               ops.logical_not(ops.all(finished)))
-
-    def body(step, tokens, ids, lengths, log_probs, finished, state):
-        logits, new_state = model.decode_step(tokens, step, state)
-        vocab_size = logits.shape[-1]
-        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        logp = logp + _token_bias(vocab_size, step, min_length)[None, :]
+    def extend(step, logp, ids, lengths, log_probs, finished, state):
         next_ids = ops.cast(ops.argmax(logp, axis=-1), "int32")
         token_logp = ops.take_along_axis(logp, next_ids[:, None], axis=1)[:, 0]
         next_ids = ops.where(finished, PAD_ID, next_ids)
         log_probs = log_probs + ops.where(finished, 0.0, token_logp)
         lengths = lengths + ops.cast(ops.logical_not(finished), "int32")
         ids = write_step(ids, next_ids[:, None], step, axis=1)
-        finished = ops.logical_or(
-            finished, ops.logical_or(ops.equal(next_ids, EOS_ID),
-                                     ops.greater_equal(lengths, limits)))
-        return step + 1, next_ids, ids, lengths, log_probs, finished, new_state
+        finished = ops.logical_or(finished, _ends(next_ids, lengths, limits))
+        return next_ids, ids, lengths, log_probs, finished, state
 
-    _, _, ids, lengths, log_probs, _, _ = ops.while_loop(
-        cond, body, (step, tokens, ids, lengths, log_probs, finished, state))
+    ids, lengths, log_probs = _decode_loop(
+        model, state, limits, max_length, min_length,
+        ops.zeros((ops.shape(source_ids)[0],), "float32"), extend)
     scores = log_probs / gnmt_length_penalty(lengths, length_penalty)
     ids, out_lengths = _finalize_ids(ids)
     return {"ids": ids[:, None, :], "lengths": out_lengths[:, None],
@@ -260,25 +281,12 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
                keras.tree.map_structure(lambda _: True, state))
     limits = _tile(limits, k)
     beam_index = ops.tile(ops.arange(k, dtype="int32"), (batch,))  # [B*K]
-    log_probs = ops.where(ops.equal(beam_index, 0), 0.0, _DEAD_BEAM)
-    log_probs = ops.cast(log_probs, "float32")
-    tokens = ops.full((rows,), BOS_ID, "int32")
-    ids = ops.zeros((rows, max_length), "int32")
-    lengths = ops.zeros((rows,), "int32")
-    finished = ops.less_equal(limits, 0)
+    log_probs = ops.cast(ops.where(ops.equal(beam_index, 0), 0.0, _DEAD_BEAM), "float32")
     # First row of every sentence's beam block: gather offsets.
     offsets = ops.repeat(ops.arange(batch, dtype="int32") * k, k, axis=0)  # [B*K]
-    step = ops.convert_to_tensor(0, "int32")
 
-    def cond(step, tokens, ids, lengths, log_probs, finished, state):
-        return ops.logical_and(ops.less(step, max_length),
-                               ops.logical_not(ops.all(finished)))
-
-    def body(step, tokens, ids, lengths, log_probs, finished, state):
-        logits, new_state = model.decode_step(tokens, step, state)
-        vocab_size = logits.shape[-1]
-        logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        logp = logp + _token_bias(vocab_size, step, min_length)[None, :]
+    def extend(step, logp, ids, lengths, log_probs, finished, new_state):
+        vocab_size = logp.shape[-1]
         # Live beams: every extension, normalised by the new length.
         cand_logp = log_probs[:, None] + logp                                   # [BK, V]
         cand_score = cand_logp / gnmt_length_penalty(lengths + 1, length_penalty)[:, None]
@@ -302,17 +310,15 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
         lengths = ops.take(lengths, origin, axis=0) + ops.cast(
             ops.logical_not(was_finished), "int32")
         token = ops.where(was_finished, PAD_ID, token)
-        finished = ops.logical_or(was_finished, ops.logical_or(
-            ops.equal(token, EOS_ID), ops.greater_equal(lengths, limits)))
-        ids = ops.take(ids, origin, axis=0)
-        ids = write_step(ids, token[:, None], step, axis=1)
+        finished = ops.logical_or(was_finished, _ends(token, lengths, limits))
+        ids = write_step(ops.take(ids, origin, axis=0), token[:, None], step, axis=1)
         new_state = keras.tree.map_structure(
             lambda flag, new: ops.take(new, origin, axis=0) if flag else new,
             reorder, new_state)
-        return step + 1, token, ids, lengths, log_probs, finished, new_state
+        return token, ids, lengths, log_probs, finished, new_state
 
-    _, _, ids, lengths, log_probs, _, _ = ops.while_loop(
-        cond, body, (step, tokens, ids, lengths, log_probs, finished, state))
+    ids, lengths, log_probs = _decode_loop(model, state, limits, max_length, min_length,
+                                           log_probs, extend)
 
     # Sort each sentence's beams by final score (already sorted when the loop ran to the end
     # of every hypothesis, but cheap) and keep the n best.

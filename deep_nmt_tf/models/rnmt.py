@@ -105,6 +105,39 @@ def _dense_last(x, kernel, bias=None):
     return ops.reshape(out, tuple(shape[:-1]) + (kernel.shape[1],))
 
 
+class _RNMTStack:
+    """What the RNMT+ encoder and decoder share: the LSTM hyper-parameters, the embedding and
+    layer-output dropouts, and their part of ``get_config``."""
+
+    _SHARED = ("num_layers", "units", "dropout", "embedding_dropout", "residual_start",
+               "cell_clip", "forget_bias", "layer_norm_epsilon")
+
+    def _init_shared(self, embedding, num_layers, units, dropout, embedding_dropout,
+                     residual_start, cell_clip, forget_bias, layer_norm_epsilon):
+        self.embedding = _deserialize(embedding)
+        self.num_layers = int(num_layers)
+        self.units = int(units)
+        self.dropout = float(dropout)
+        self.embedding_dropout = float(embedding_dropout)
+        self.residual_start = int(residual_start)
+        self.cell_clip = cell_clip
+        self.forget_bias = float(forget_bias)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        if self.num_layers < 1 or self.units < 1:
+            raise ValueError("num_layers and units must be >= 1")
+
+    def _make_dropouts(self):
+        self.embedding_dropout_layer = keras.layers.Dropout(
+            self.embedding_dropout, dtype=self.dtype_policy, name="embedding_dropout")
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy,
+                                                  name="dropout")
+
+    def _shared_config(self):
+        config = {"embedding": keras.saving.serialize_keras_object(self.embedding)}
+        config.update({key: getattr(self, key) for key in self._SHARED})
+        return config
+
+
 def _cell_kwargs(options, model):
     return dict(residual_start=options.residual_start, cell_clip=options.cell_clip,
                 forget_bias=options.forget_bias, layer_norm_epsilon=model.layer_norm_epsilon)
@@ -112,7 +145,7 @@ def _cell_kwargs(options, model):
 
 @register_encoder("rnmt_plus")
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
-class RNMTPlusEncoder(Encoder):
+class RNMTPlusEncoder(_RNMTStack, Encoder):
     """RNMT+ encoder: embedding, N bidirectional LayerNorm-LSTM layers, a final projection.
 
     Call: ``encoder(source_ids, training=None, return_gates=False)`` with int ``[B, S]`` ids
@@ -150,31 +183,20 @@ class RNMTPlusEncoder(Encoder):
                  embedding_dropout=0.3, residual_start=2, cell_clip=10.0, forget_bias=1.0,
                  layer_norm_epsilon=1e-6, input_dim=None, **kwargs):
         super().__init__(**kwargs)
-        self.embedding = _deserialize(embedding)
-        self.num_layers = int(num_layers)
-        self.units = int(units)
+        self._init_shared(embedding, num_layers, units, dropout, embedding_dropout,
+                          residual_start, cell_clip, forget_bias, layer_norm_epsilon)
         if self.embedding is None and not input_dim:
             raise ValueError("an RNMTPlusEncoder without an embedding (it reads features) "
                              "needs input_dim")
         self.embedding_dim = int(input_dim or self.embedding.d_model)
         self.projection_dim = int(output_dim or self.embedding_dim)
-        self.dropout = float(dropout)
-        self.embedding_dropout = float(embedding_dropout)
-        self.residual_start = int(residual_start)
-        self.cell_clip = cell_clip
-        self.forget_bias = float(forget_bias)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        if self.num_layers < 1 or self.units < 1:
-            raise ValueError("num_layers and units must be >= 1")
         if self.residual_start < 1 and self.embedding_dim != 2 * self.units:
             raise ValueError(
                 f"residual_start={self.residual_start}: the first layer's input (the "
                 f"embedding, width {self.embedding_dim}) differs from its output (2 x "
                 f"{self.units}), so it cannot have a residual; use residual_start >= 1")
         policy = self.dtype_policy
-        self.embedding_dropout_layer = keras.layers.Dropout(self.embedding_dropout, dtype=policy,
-                                                            name="embedding_dropout")
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy, name="dropout")
+        self._make_dropouts()
         self.layers_ = [
             BidirectionalLayerNormLSTM(self.units, cell_clip=cell_clip, forget_bias=forget_bias,
                                        layer_norm_epsilon=self.layer_norm_epsilon, dtype=policy,
@@ -264,25 +286,15 @@ class RNMTPlusEncoder(Encoder):
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "embedding": keras.saving.serialize_keras_object(self.embedding),
-            "num_layers": self.num_layers,
-            "units": self.units,
-            "output_dim": self.projection_dim,
-            "input_dim": None if self.embedding is not None else self.embedding_dim,
-            "dropout": self.dropout,
-            "embedding_dropout": self.embedding_dropout,
-            "residual_start": self.residual_start,
-            "cell_clip": self.cell_clip,
-            "forget_bias": self.forget_bias,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-        })
+        config.update(self._shared_config())
+        config.update({"output_dim": self.projection_dim,
+                       "input_dim": None if self.embedding is not None else self.embedding_dim})
         return config
 
 
 @register_decoder("rnmt_plus")
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
-class RNMTPlusDecoder(Decoder):
+class RNMTPlusDecoder(_RNMTStack, Decoder):
     """RNMT+ decoder: L LayerNorm-LSTM layers, multi-head additive attention, input feeding.
 
     Teacher forcing: ``decoder(target_input_ids, memories, memory_mask, training=None)``
@@ -322,28 +334,17 @@ class RNMTPlusDecoder(Decoder):
                  attention_dropout=0.3, residual_start=2, cell_clip=10.0, forget_bias=1.0,
                  layer_norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
-        self.embedding = _deserialize(embedding)
-        self.num_layers = int(num_layers)
-        self.units = int(units)
+        self._init_shared(embedding, num_layers, units, dropout, embedding_dropout,
+                          residual_start, cell_clip, forget_bias, layer_norm_epsilon)
         self.attention_heads = int(attention_heads)
         self.attention_dim = int(attention_dim or self.units)
         self.embedding_dim = int(self.embedding.d_model)
         self.memory_dim = int(memory_dim or self.embedding_dim)
-        self.dropout = float(dropout)
-        self.embedding_dropout = float(embedding_dropout)
         self.attention_dropout = float(attention_dropout)
-        self.residual_start = int(residual_start)
-        self.cell_clip = cell_clip
-        self.forget_bias = float(forget_bias)
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        if self.num_layers < 1 or self.units < 1:
-            raise ValueError("num_layers and units must be >= 1")
         policy = self.dtype_policy
         cell_args = dict(cell_clip=cell_clip, forget_bias=forget_bias,
                          layer_norm_epsilon=self.layer_norm_epsilon, dtype=policy)
-        self.embedding_dropout_layer = keras.layers.Dropout(self.embedding_dropout, dtype=policy,
-                                                            name="embedding_dropout")
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy, name="dropout")
+        self._make_dropouts()
         self.bottom_cell = LayerNormLSTMCell(self.units, name="layer_0", **cell_args)
         self.upper_layers = [LayerNormLSTM(self.units, name=f"layer_{i}", **cell_args)
                              for i in range(1, self.num_layers)]
@@ -545,19 +546,8 @@ class RNMTPlusDecoder(Decoder):
 
     def get_config(self):
         config = super().get_config()
-        config.update({
-            "embedding": keras.saving.serialize_keras_object(self.embedding),
-            "num_layers": self.num_layers,
-            "units": self.units,
-            "attention_heads": self.attention_heads,
-            "attention_dim": self.attention_dim,
-            "memory_dim": self.memory_dim,
-            "dropout": self.dropout,
-            "embedding_dropout": self.embedding_dropout,
-            "attention_dropout": self.attention_dropout,
-            "residual_start": self.residual_start,
-            "cell_clip": self.cell_clip,
-            "forget_bias": self.forget_bias,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-        })
+        config.update(self._shared_config())
+        config.update({"attention_heads": self.attention_heads,
+                       "attention_dim": self.attention_dim, "memory_dim": self.memory_dim,
+                       "attention_dropout": self.attention_dropout})
         return config

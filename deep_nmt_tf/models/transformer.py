@@ -146,6 +146,10 @@ class _StackBase(keras.layers.Layer):
         x = self.positions(x, start=start)
         return self.input_dropout_layer(x, training=training)
 
+    def diagnostic_weights(self):
+        """``{"dlcl": [L+1, L+1]}`` with DLCL (Wang et al. Fig. 5), else nothing."""
+        return {} if self.dlcl is None else {"dlcl": self.dlcl.weight_matrix()}
+
     def finalize(self, x):
         return self.final_norm(x) if self.final_norm is not None else x
 
@@ -223,9 +227,6 @@ class TransformerEncoder(_StackBase, Encoder):
     @property
     def output_dim(self):
         return self.d_model
-
-    def diagnostic_weights(self):
-        return {} if self.dlcl is None else {"dlcl": self.dlcl.weight_matrix()}
 
     def build(self, ids_shape):
         self._build_common(ids_shape)
@@ -324,9 +325,6 @@ class TransformerDecoder(_StackBase, Decoder):
                 "layers": [{"self": keras.tree.map_structure(lambda _: True, layer["self"]),
                             "cross": keras.tree.map_structure(lambda _: False, layer["cross"])}
                            for layer in state["layers"]]}
-
-    def diagnostic_weights(self):
-        return {} if self.dlcl is None else {"dlcl": self.dlcl.weight_matrix()}
 
     def build(self, ids_shape):
         self._build_common(ids_shape)
