@@ -23,7 +23,8 @@ micro-batches and ``n`` replicas:
 4. L2 weight decay adds ``wd * w`` (:mod:`~deep_nmt_tf.training.optimizers`); the global norm is
    computed; the gradient transforms run (``training.clip_norm``: global-norm clipping, and any
    added with ``gradient_transforms=``);
-5. Adam applies the update, unless the norm is not finite or a transform asked to skip it; a
+5. Adam applies the update (:func:`~deep_nmt_tf.training.adaptive_clipping.
+   apply_gradients_if`), unless the norm is not finite or a transform asked to skip it; a
    skipped update is counted (``skipped_updates``) and leaves the weights and Adam's state alone.
 
 The learning-rate schedule reads ``optimizer.iterations`` (updates applied); ``step`` counts
@@ -46,6 +47,7 @@ from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.training import losses, optimizers, schedules
 from deep_nmt_tf.training import runner as runner_lib
 from deep_nmt_tf.training import warm_start as warm_start_lib
+from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
 from deep_nmt_tf.training.runner import TrainHook
 from deep_nmt_tf.training.strategy import is_chief
 
@@ -276,10 +278,10 @@ class Trainer:
             acc.assign_add(g)
         self._sum_accumulator.assign_add(vector)
 
-    def _reduce_replica(self, batch, diagnostics):
-        """Replica context: last micro-batch, all-reduce, normalise, transform.
+    def _update_replica(self, batch, diagnostics):
+        """Replica context: last micro-batch, all-reduce, normalise, transform, apply.
 
-        Returns the final gradients (identical on every replica) and the update's metrics.
+        Returns the update's metrics (identical on every replica).
         """
         grads, vector = self._compute_gradients_fn(batch, diagnostics)
         if self._grad_accumulators:
@@ -309,36 +311,26 @@ class Trainer:
         out = dict(sums)
         out.update(stats)
         out["learning_rate"] = tf.cast(self.optimizer.learning_rate, tf.float32)
-        out["skip"] = skip
         if diagnostics:
             # ||dL/dh_1|| / ||dL/dh_N|| over the global batch (the denominator cancels).
             h1, hn = tf.sqrt(sums["h1_grad_sq"]), tf.sqrt(sums["hn_grad_sq"])
             out["grad_norm_ratio"] = h1 / tf.maximum(hn, 1e-30)
             out["grad_norm_h1"] = h1 / denominator
             out["grad_norm_hN"] = hn / denominator
-        return grads, out
-
-    def _apply_replica(self, grads):
-        self.optimizer.apply(grads, self.trainable_variables)
+        applied = apply_gradients_if(tf.logical_not(skip), self.optimizer, grads, variables)
+        out["skipped"] = 1.0 - tf.cast(applied, tf.float32)
+        return out
 
     def _train_step(self, iterator, diagnostics=False):
         if self.accumulation_steps > 1:
             accumulate = functools.partial(self._accumulate_replica, diagnostics=diagnostics)
             for _ in tf.range(self.accumulation_steps - 1):
                 self.strategy.run(accumulate, args=(next(iterator),))
-        reduce = functools.partial(self._reduce_replica, diagnostics=diagnostics)
-        grads, outputs = self.strategy.run(reduce, args=(next(iterator),))
+        update = functools.partial(self._update_replica, diagnostics=diagnostics)
+        outputs = self.strategy.run(update, args=(next(iterator),))
         # The metrics are identical across replicas (computed after the all-reduce).
         outputs = tf.nest.map_structure(
             lambda x: self.strategy.experimental_local_results(x)[0], outputs)
-
-        # The optimizer's cross-replica update (merge_call) cannot sit inside control flow in
-        # replica context, so the skip decision is taken here, around a second strategy.run.
-        def apply():
-            self.strategy.run(self._apply_replica, args=(grads,))
-            return tf.constant(0.0)
-
-        outputs["skipped"] = tf.cond(outputs.pop("skip"), lambda: tf.constant(1.0), apply)
         self.step.assign_add(1)
         self.data_position.assign_add(self.accumulation_steps)
         self.skipped_updates.assign_add(tf.cast(outputs["skipped"], tf.int64))
