@@ -12,20 +12,17 @@ runner owns everything around it, in this order:
 3. :meth:`Runner.run`: the loop, and after every step the periodic actions of
    :meth:`Runner.actions`, a declared list of :class:`PeriodicAction` run in this order:
 
-   ================  ===============================================  ==========================
-   action            every (and after the last step)                  does
-   ================  ===============================================  ==========================
-   ``log``           ``training.log_every``                           console line, ``train/``
-                                                                      scalars
-   ``diagnostics``   ``training.diagnostics_every`` (or ``log_every``)  weight heatmaps, gates
-   ``checkpoint``    ``training.checkpoint_every``                    ``ckpt-N``
-   ``eval``          ``training.eval_every`` (0: never)               dev loss and BLEU,
-                                                                      ``eval/`` scalars
-   hooks             every step                                       the caller's hooks
-   ================  ===============================================  ==========================
+   * ``log``, every ``training.log_every`` steps: console line and ``train/`` scalars;
+   * ``diagnostics``, every ``training.diagnostics_every`` (default ``log_every``) steps:
+     weight heatmaps and lexical-shortcut gates;
+   * ``checkpoint``, every ``training.checkpoint_every`` steps: ``ckpt-N``;
+   * ``eval``, every ``training.eval_every`` steps (0: never): dev loss and BLEU, ``eval/``
+     scalars;
+   * the caller's hooks, every step: ``hook(trainer, step, logs)`` callables, or
+     :class:`PeriodicAction` s of their own.
 
-   Hooks are ``hook(trainer, step, logs)`` callables or :class:`PeriodicAction` s of their own.
-   Time spent in diagnostics, checkpoints and evaluation is left out of ``tokens_per_second``.
+   The first four also run after the last step.  Time spent in diagnostics, checkpoints and
+   evaluation is left out of ``tokens_per_second``.
 
 Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the model
 (with the dropout ``SeedGenerator`` states, so dropout masks continue exactly), the optimizer,
