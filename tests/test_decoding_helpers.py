@@ -61,7 +61,7 @@ def _train_fallback(model_dir):
     model = build_model(config)
     optimizer = keras.optimizers.Adam(3e-3)
     step = tf.Variable(0, dtype=tf.int64)
-    from deep_nmt_tf.training.checkpoints import model_trackable
+    from deep_nmt_tf.checkpointing import model_trackable
 
     manager = tf.train.CheckpointManager(
         tf.train.Checkpoint(model=model_trackable(model), step=step), model_dir, max_to_keep=5,
@@ -121,7 +121,7 @@ def test_trained_model_dir_layout(tmp_path_factory):
     files = os.listdir(model_dir)
     assert "config.yaml" in files
     assert f"ckpt-{STEPS[-1]}.index" in files
-    from deep_nmt_tf.export.translator import list_checkpoints
+    from deep_nmt_tf.checkpointing import list_checkpoints
 
     steps = [int(p.rsplit("-", 1)[1]) for p in list_checkpoints(model_dir)]
     assert steps == list(STEPS)

@@ -124,7 +124,7 @@ def test_translate_cli_reads_stdin(translator):
 
 
 def test_evaluate_and_checkpoint_window(translator):
-    from deep_nmt_tf.export.translator import list_checkpoints
+    from deep_nmt_tf.checkpointing import list_checkpoints
     from tools.evaluate import evaluate_translator, evaluate_window
 
     data = translator.config.data
@@ -156,7 +156,8 @@ def test_average_checkpoints(translator, tmp_path):
 
     from deep_nmt_tf.export import Translator
     from deep_nmt_tf.export.averaging import average_checkpoints
-    from deep_nmt_tf.export.translator import list_checkpoints, restore_model
+    from deep_nmt_tf.checkpointing import list_checkpoints
+    from deep_nmt_tf.checkpointing import restore_model_weights as restore_model
     from deep_nmt_tf.models import build_model
 
     model_dir = os.path.dirname(translator.checkpoint_path)

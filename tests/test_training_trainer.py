@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from deep_nmt_tf import checkpointing
 from deep_nmt_tf.config import ConfigError
-from deep_nmt_tf.training import checkpoints, metrics, optimizers
+from deep_nmt_tf.decoding.search import search
+from deep_nmt_tf.training import metrics, optimizers
 from deep_nmt_tf.training import losses as losses_lib
 from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class, optimizer_state,
                                    run_python, tiny_config, weights)
@@ -66,8 +68,28 @@ def test_greedy_decode_incremental_equals_recomputation(trained):
         def __call__(self, inputs, training=False):
             return self.model(inputs, training=training)
 
-    fast = metrics.greedy_decode(trainer.model, source, 9).numpy()
-    slow = metrics.greedy_decode(FullRecompute(trainer.model), source, 9).numpy()
+        # Adapter: the decoding interface by re-running the teacher-forced model on the whole
+        # target-input buffer at every step (positions after `step` are masked: causal).
+        def encode(self, source_ids, training=False):
+            return {"source_ids": source_ids}
+
+        def init_decoder_state(self, encoded, max_length):
+            source = encoded["source_ids"]
+            return {"source_ids": source,
+                    "buffer": tf.zeros([tf.shape(source)[0], max_length], tf.int32)}
+
+        def decode_step(self, tokens, step, state):
+            column = tf.range(tf.shape(state["buffer"])[1])[None, :] == step
+            buffer = tf.where(column, tokens[:, None], state["buffer"])
+            logits = self({"source_ids": state["source_ids"], "target_input_ids": buffer})
+            return logits[:, step], dict(state, buffer=buffer)
+
+    def greedy_decode(model, source, max_length):
+        return search(model, source, beam_size=1, max_length_a=0.0, max_length_b=max_length,
+                      max_length=max_length)["ids"][:, 0]
+
+    fast = greedy_decode(trainer.model, source, 9).numpy()
+    slow = greedy_decode(FullRecompute(trainer.model), source, 9).numpy()
     np.testing.assert_array_equal(fast, slow)
     assert fast.shape[0] == 6 and fast.shape[1] <= 9
     assert metrics.strip_ids([5, 6, 2, 7, 0]) == [5, 6]
@@ -78,7 +100,7 @@ def test_restore_model_weights_for_inference(trained):
     from deep_nmt_tf.models import build_model
 
     model = build_model(trainer.config)
-    path = checkpoints.restore_model_weights(model, trainer.model_dir)
+    path = checkpointing.restore_model_weights(model, trainer.model_dir)
     assert path.endswith("ckpt-30")
     for a, b in zip(model.variables, trainer.model.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -18,7 +18,6 @@ ids 0-3.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import List, Sequence
 
 from absl import app, flags, logging
@@ -55,20 +54,22 @@ _define_flags()
 def _from_config(config_path: str, overrides: Sequence[str], model_dir: str) -> List[str]:
     from deep_nmt_tf.config import load_config
     from deep_nmt_tf.data import synthetic, text_io, vocab
+    from deep_nmt_tf.run_dir import RunDir
 
     config = load_config(config_path, overrides)
     data = config.data
+    run_dir = RunDir(model_dir) if model_dir else None
     if data.corpus == "synthetic":
-        if not model_dir:
+        if run_dir is None:
             raise app.UsageError("--model_dir is required when data.corpus is 'synthetic'")
         paths = synthetic.write_corpus(
-            os.path.join(model_dir, "data"), data.synthetic_train_size,
+            run_dir.data_dir, data.synthetic_train_size,
             data.synthetic_dev_size, data.synthetic_test_size, data.synthetic_seed)
         data = dataclasses.replace(data, **paths)
-    if not data.vocab and not model_dir:
+    if not data.vocab and run_dir is None:
         raise app.UsageError("data.vocab is empty: give --model_dir (writes MODEL_DIR/vocab.txt) "
                              "or set data.vocab")
-    output = data.vocab or os.path.join(model_dir, "vocab.txt")
+    output = data.vocab or run_dir.default_vocab_path
     stats = text_io.check_parallel(data.train_source, data.train_target)
     logging.info("%s", text_io.describe_stats(stats, "train"))
     return vocab.build_vocab([data.train_source, data.train_target], output, data.vocab_size,

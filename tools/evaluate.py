@@ -34,7 +34,6 @@ Output: the scores with their sacreBLEU signatures, e.g.::
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
@@ -81,17 +80,6 @@ def _read(path: str) -> List[str]:
     from deep_nmt_tf.data.text_io import read_lines
 
     return list(read_lines(path))
-
-
-def _resolve(path: str, model_dir: str) -> str:
-    """A data path of the config; relative paths that do not exist are tried under MODEL_DIR."""
-    if not path or os.path.exists(path) or os.path.isabs(path):
-        return path
-    candidate = os.path.join(model_dir, path)
-    if os.path.exists(candidate):
-        return candidate
-    candidate = os.path.join(model_dir, "data", os.path.basename(path))
-    return candidate if os.path.exists(candidate) else path
 
 
 def score_files(hypotheses_path: str, reference_path: str,
@@ -194,26 +182,27 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _evaluate_model() -> None:
-    from deep_nmt_tf.export.translator import Translator, list_checkpoints
+    from deep_nmt_tf.export.translator import Translator
+    from deep_nmt_tf.run_dir import RunDir
 
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
                                            jit_compile=FLAGS.jit_compile)
     data = translator.config.data
-    source = FLAGS.source or _resolve(data.test_source, FLAGS.model_dir)
-    reference = FLAGS.reference or _resolve(data.test_target, FLAGS.model_dir)
+    source = FLAGS.source or data.test_source
+    reference = FLAGS.reference or data.test_target
     if not source or not reference:
         raise app.UsageError("give --source and --reference (the config has no data.test_*)")
     kwargs = dict(beam_size=FLAGS.beam_size, length_penalty=FLAGS.length_penalty,
                   batch_size=FLAGS.batch_size,
                   tokenized_bleu_tokenize=FLAGS.tokenized_bleu_tokenize)
     if FLAGS.checkpoint_window > 0:
-        dev_source = FLAGS.dev_source or _resolve(data.dev_source, FLAGS.model_dir)
-        dev_reference = FLAGS.dev_reference or _resolve(data.dev_target, FLAGS.model_dir)
+        dev_source = FLAGS.dev_source or data.dev_source
+        dev_reference = FLAGS.dev_reference or data.dev_target
         if not dev_source or not dev_reference:
             raise app.UsageError("--checkpoint_window needs --dev_source/--dev_reference (the "
                                  "config has no data.dev_*)")
-        checkpoints = list_checkpoints(FLAGS.model_dir)
+        checkpoints = RunDir(FLAGS.model_dir).list_checkpoints()
         if len(checkpoints) < FLAGS.checkpoint_window:
             logging.warning("only %d checkpoints in %s for a window of %d (raise "
                             "training.keep_checkpoints)", len(checkpoints), FLAGS.model_dir,

@@ -1,16 +1,17 @@
 r"""Exports a trained model as a SavedModel for TensorFlow Serving.
 
-    deep-nmt-export --model_dir=runs/demo --export_dir=export/demo [--version=N] \
+    deep-nmt-export --model_dir=runs/demo [--export_dir=export/demo] [--version=N] \
         [--checkpoint=runs/demo/ckpt-1500] [--override=decoding.beam_size=8] \
         [--nojit_compile] [--overwrite]
 
-Writes ``EXPORT_DIR/<version>/`` (default version: one more than the largest existing one, or
-1) with the signatures ``serving_default`` (strings in, translations and scores out),
-``translate_with_options`` (plus ``beam_size`` and ``length_penalty`` inputs) and
-``translate_ids`` (token ids in and out); see ``deep_nmt_tf/export/saved_model.py`` and
-``docs/SERVING.md``.  Decoding parameters are the config's ``decoding`` section (after
-``--override``).  With ``--jit_compile`` (default) the search is compiled by XLA when first
-called; TF Serving then needs ``--xla_cpu_compilation_enabled=true``.
+Writes ``EXPORT_DIR/<version>/`` (default ``EXPORT_DIR``: ``MODEL_DIR/exports``; default
+version: one more than the largest existing one, or 1) with the signatures ``serving_default``
+(strings in, translations and scores out), ``translate_with_options`` (plus ``beam_size`` and
+``length_penalty`` inputs) and ``translate_ids`` (token ids in and out); see
+``deep_nmt_tf/export/saved_model.py`` and ``docs/SERVING.md``.  Decoding parameters are the
+config's ``decoding`` section (after ``--override``).  With ``--jit_compile`` (default) the
+search is compiled by XLA when first called; TF Serving then needs
+``--xla_cpu_compilation_enabled=true``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ FLAGS = flags.FLAGS
 def _define_flags():
     definitions = [
         (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
-        (flags.DEFINE_string, "export_dir", None, "Base export directory (versions inside)."),
+        (flags.DEFINE_string, "export_dir", None,
+         "Base export directory (versions inside; default MODEL_DIR/exports)."),
         (flags.DEFINE_integer, "version", None, "Version number (default: next free)."),
         (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
         (flags.DEFINE_multi_string, "override", [],
@@ -44,8 +46,8 @@ _define_flags()
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
-    if not FLAGS.model_dir or not FLAGS.export_dir:
-        raise app.UsageError("--model_dir and --export_dir are required")
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir is required")
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.export.saved_model import export_model_dir
 

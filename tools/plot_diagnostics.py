@@ -217,18 +217,16 @@ def dlcl_from_summary(run) -> Dict[str, np.ndarray]:
 def weights_from_checkpoint(run_dir: str, checkpoint: Optional[str] = None
                             ) -> Dict[str, np.ndarray]:
     """``model.diagnostic_weights()`` of a run's latest checkpoint (or ``checkpoint``)."""
-    import tensorflow as tf
-
-    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.checkpointing import restore_model_weights
     from deep_nmt_tf.models import build_model
-    from deep_nmt_tf.training.checkpoints import restore_model_weights
+    from deep_nmt_tf.run_dir import RunDir
     from deep_nmt_tf.training.diagnostics import weight_matrices
 
-    path = checkpoint or tf.train.latest_checkpoint(run_dir)
-    config_path = os.path.join(run_dir, "config.yaml")
-    if path is None or not os.path.exists(config_path):
+    run = RunDir(run_dir)
+    path = checkpoint or run.latest_checkpoint()
+    if path is None or not run.has_config():
         return {}
-    model = build_model(load_config(config_path))
+    model = build_model(run.load_config())
     restore_model_weights(model, path)
     return weight_matrices(model)
 
@@ -237,8 +235,10 @@ def _config_value(run_dir: str, keys: Sequence[str], default=None):
     """A value of the run's ``config.yaml`` (``default`` when missing or unreadable)."""
     import yaml
 
+    from deep_nmt_tf.run_dir import RunDir
+
     try:
-        with open(os.path.join(run_dir, "config.yaml"), encoding="utf-8") as f:
+        with open(RunDir(run_dir).config_path, encoding="utf-8") as f:
             node = yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError):
         return default

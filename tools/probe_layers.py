@@ -79,20 +79,19 @@ def probe_model(model_dir: str, source: Optional[str] = None, target: Optional[s
       ``{"encoder": [..], "decoder": [..], "tokens": {...}, "checkpoint": path,
       "source": path, "target": path, "sentences": n}``.
     """
-    import tensorflow as tf
-
+    from deep_nmt_tf.checkpointing import restore_model_weights
     from deep_nmt_tf.data.pipeline import make_eval_dataset
-    from deep_nmt_tf.export.translator import (build_tokenizer, load_model_dir_config,
-                                               resolve_vocab_path)
+    from deep_nmt_tf.export.translator import build_tokenizer
     from deep_nmt_tf.models import build_model
-    from deep_nmt_tf.training.checkpoints import restore_model_weights
+    from deep_nmt_tf.run_dir import RunDir
     from deep_nmt_tf.training.diagnostics import CosineProbe
 
-    config = load_model_dir_config(model_dir, overrides)
+    run_dir = RunDir(model_dir)
+    config = run_dir.load_config(overrides)
     source, target = _data_paths(config, source, target)
-    tokenizer = build_tokenizer(config, resolve_vocab_path(config, model_dir))
+    tokenizer = build_tokenizer(config, run_dir.vocab_path(config))
     model = build_model(config)
-    path = checkpoint or tf.train.latest_checkpoint(model_dir)
+    path = checkpoint or run_dir.latest_checkpoint()
     if path is None:
         raise FileNotFoundError(f"no checkpoint in {model_dir}")
     restore_model_weights(model, path)

@@ -1,4 +1,5 @@
-r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Trainer`)::
+r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Trainer` and its
+:class:`~deep_nmt_tf.training.Runner`)::
 
     deep-nmt-train --config=configs/demo.yaml --model_dir=runs/demo \
         [--override=training.train_steps=3000 ...] [--strategy=mirrored] \
@@ -67,11 +68,14 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--config=FILE and --model_dir=DIR are required")
 
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
+    from deep_nmt_tf.run_dir import RunDir
 
-    # Every config problem is reported here, before TensorFlow starts or any file is written.
+    # Every config problem is reported here, before TensorFlow starts or any file is written
+    # (a model that differs from the one the run directory was trained with included).
     try:
         config = load_config(FLAGS.config, FLAGS.override)
         require_training_data(config)
+        RunDir(FLAGS.model_dir).check_config(config)
     except ConfigError as e:
         _fail(str(e))
 
@@ -87,7 +91,7 @@ def main(argv: Sequence[str]) -> None:
                           checkpoint_iterator=FLAGS.checkpoint_data_iterator)
     except (ConfigError, DataError) as e:  # E.g. a model_dir trained with another model.
         _fail(str(e))
-    results = trainer.train()
+    results = trainer.runner.run()
     if results:
         logging.info("Done: %s", ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
 

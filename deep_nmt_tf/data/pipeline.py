@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import tensorflow as tf
 from absl import logging
@@ -36,6 +36,7 @@ from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data import synthetic
 from deep_nmt_tf.data.text_io import DataError, check_parallel, describe_stats
 from deep_nmt_tf.data.vocab import WHITESPACE_CHAR, Tokenizer, build_vocab, vocab_size
+from deep_nmt_tf.run_dir import VOCAB_FILENAME, RunDir
 
 __all__ = [
     "bucket_upper_bounds",
@@ -52,8 +53,6 @@ __all__ = [
 _BLANK_LINE = WHITESPACE_CHAR + "*"
 _TOKENIZE_BATCH = 256  # Lines tokenised per op call in the training pipeline.
 _MIN_BUCKET_LENGTH = 8
-_VOCAB_FILE = "vocab.txt"
-_SYNTHETIC_DIR = "data"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,19 +344,19 @@ def _check_corpora(data) -> None:
                             f"({stats.num_lines} lines, all empty on one side)")
 
 
-def _resolve_vocab(data, model_dir: str) -> str:
-    path = data.vocab or os.path.join(model_dir, _VOCAB_FILE)
+def _resolve_vocab(data, run_dir: RunDir) -> str:
+    path = data.vocab or run_dir.default_vocab_path
     if os.path.exists(path):
         logging.info("Using vocabulary %s", path)
         return path
     if data.vocab:
         raise DataError(f"data.vocab: {path}: vocabulary file not found (leave data.vocab empty "
-                        f"to learn one into MODEL_DIR/{_VOCAB_FILE})")
+                        f"to learn one into MODEL_DIR/{VOCAB_FILENAME})")
     build_vocab([data.train_source, data.train_target], path, data.vocab_size, data.lowercase)
     return path
 
 
-def prepare_data(config, model_dir: str):
+def prepare_data(config, run_dir: Union[str, RunDir]):
     """Makes a config's data usable; call before building models or pipelines.
 
     1. ``data.corpus == 'synthetic'``: writes the synthetic corpus to ``MODEL_DIR/data/``
@@ -371,7 +370,7 @@ def prepare_data(config, model_dir: str):
 
     Args:
       config: a :class:`deep_nmt_tf.config.Config`.
-      model_dir: the run directory.
+      run_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`).
 
     Returns:
       A new config (``dataclasses.replace``) with the data paths, ``data.vocab`` and
@@ -381,15 +380,16 @@ def prepare_data(config, model_dir: str):
       DataError: misaligned files, invalid UTF-8, no usable training pairs, a missing
         ``data.vocab`` file, or ``model.vocab_size`` smaller than the vocabulary.
     """
+    run_dir = RunDir(run_dir)
     data = config.data
     if data.corpus == "synthetic":
         paths = synthetic.write_corpus(
-            os.path.join(model_dir, _SYNTHETIC_DIR), data.synthetic_train_size,
+            run_dir.data_dir, data.synthetic_train_size,
             data.synthetic_dev_size, data.synthetic_test_size, data.synthetic_seed)
         logging.info("Synthetic corpus in %s", os.path.dirname(paths["train_source"]))
         data = dataclasses.replace(data, **paths)
     _check_corpora(data)
-    data = dataclasses.replace(data, vocab=_resolve_vocab(data, model_dir))
+    data = dataclasses.replace(data, vocab=_resolve_vocab(data, run_dir))
     size = vocab_size(data.vocab)
     model = config.model
     if model.vocab_size == 0:

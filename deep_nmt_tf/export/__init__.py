@@ -11,13 +11,14 @@
   decode``).
 
 Scoring (sacreBLEU, checkpoint windows) is TensorFlow-free: :mod:`deep_nmt_tf.decoding.scoring`.
+Run directories (config, vocabulary, checkpoint listing) are :mod:`deep_nmt_tf.run_dir`; the
+checkpoint format is :mod:`deep_nmt_tf.checkpointing`.  Nothing here imports
+``deep_nmt_tf.training``.
 """
 
 from deep_nmt_tf.export.saved_model import (SIGNATURES, export_model_dir, export_saved_model,
                                             load_saved_model, next_version)
-from deep_nmt_tf.export.translator import (Hypothesis, TranslationModule, Translator,
-                                           list_checkpoints, load_model_dir_config,
-                                           restore_model)
+from deep_nmt_tf.export.translator import Hypothesis, TranslationModule, Translator
 
 __all__ = [
     "SIGNATURES",
@@ -28,7 +29,4 @@ __all__ = [
     "Hypothesis",
     "TranslationModule",
     "Translator",
-    "list_checkpoints",
-    "load_model_dir_config",
-    "restore_model",
 ]

@@ -1,12 +1,12 @@
 """Checkpoint averaging (Wang et al. 2019 average the last 5 checkpoints).
 
 :func:`average_checkpoints` restores each checkpoint's model variables into one model, averages
-the floating-point ones (in float64, cast back) and writes a new model directory:
-``config.yaml`` (``data.vocab`` pointing at the copied vocabulary), ``vocab.txt`` and one
-model-only checkpoint in the trainer's layout (``deep_nmt_tf.training.checkpoints.
-model_checkpoint``) numbered with the newest averaged step, managed by
-``tf.train.CheckpointManager`` (so ``tf.train.latest_checkpoint`` finds it).  Optimizer slots
-and training counters are left out.
+the floating-point ones (in float64, cast back) and writes a new run directory
+(:class:`~deep_nmt_tf.run_dir.RunDir`): ``config.yaml`` (``data.vocab`` pointing at the copied
+vocabulary), ``run.json``, ``vocab.txt``, ``averaged_checkpoints.txt`` and one model-only
+checkpoint in the trainer's layout (:func:`deep_nmt_tf.checkpointing.model_checkpoint`)
+numbered with the newest averaged step, managed by ``tf.train.CheckpointManager`` (so
+``tf.train.latest_checkpoint`` finds it).  Optimizer slots and training counters are left out.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.config import save_config
-from deep_nmt_tf.export.translator import (CONFIG_FILENAME, VOCAB_FILENAME, _checkpoint_step,
-                                           list_checkpoints, load_model_dir_config,
-                                           resolve_vocab_path, restore_model)
+from deep_nmt_tf.checkpointing import checkpoint_step, model_checkpoint, restore_model_weights
+from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["average_checkpoints", "average_model_variables"]
 
@@ -42,7 +40,7 @@ def average_model_variables(model, checkpoints: Sequence[str]) -> None:
     variables = list(model.variables)
     sums: List[Optional[np.ndarray]] = [None] * len(variables)
     for path in checkpoints:
-        restore_model(model, path)
+        restore_model_weights(model, path)
         for i, v in enumerate(variables):
             if _is_float(v):
                 value = np.asarray(v.numpy(), np.float64)
@@ -69,9 +67,10 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
 
     if os.path.abspath(output_dir) == os.path.abspath(model_dir):
         raise ValueError("--output must differ from --model_dir")
-    config = load_model_dir_config(model_dir)
+    source, target = RunDir(model_dir), RunDir(output_dir)
+    config = source.load_config()
     if checkpoints is None:
-        available = list_checkpoints(model_dir)
+        available = source.list_checkpoints()
         if not available:
             raise FileNotFoundError(f"no checkpoints in {model_dir}")
         if last < 1:
@@ -89,20 +88,16 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     average_model_variables(model, checkpoints)
 
     tf.io.gfile.makedirs(output_dir)
-    vocab_src = resolve_vocab_path(config, model_dir)
-    vocab_dst = os.path.join(output_dir, VOCAB_FILENAME)
+    vocab_src = source.vocab_path(config)
+    vocab_dst = target.default_vocab_path
     if os.path.abspath(vocab_src) != os.path.abspath(vocab_dst):
         shutil.copyfile(vocab_src, vocab_dst)
-    config = dataclasses.replace(config, data=dataclasses.replace(
-        config.data, vocab=os.path.abspath(vocab_dst)))
-    save_config(config, os.path.join(output_dir, CONFIG_FILENAME))
-    step = max(_checkpoint_step(p) for p in checkpoints)
-    from deep_nmt_tf.training.checkpoints import model_checkpoint
-
+    target.write_config(dataclasses.replace(config, data=dataclasses.replace(
+        config.data, vocab=vocab_dst)))
+    step = max(checkpoint_step(p) for p in checkpoints)
     manager = tf.train.CheckpointManager(model_checkpoint(model), output_dir, max_to_keep=None)
     path = manager.save(checkpoint_number=max(step, 0))
-    with open(os.path.join(output_dir, "averaged_checkpoints.txt"), "w",
-              encoding="utf-8") as f:
+    with open(target.averaged_list_path, "w", encoding="utf-8") as f:
         f.writelines(p + "\n" for p in checkpoints)
     logging.info("Wrote the average of %d checkpoints to %s", len(checkpoints), path)
     return path

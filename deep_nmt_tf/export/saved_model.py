@@ -44,6 +44,7 @@ from absl import logging
 
 from deep_nmt_tf.config import save_config
 from deep_nmt_tf.export.translator import TranslationModule, Translator
+from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["SIGNATURES", "next_version", "export_saved_model", "export_model_dir",
            "load_saved_model"]
@@ -110,14 +111,16 @@ def export_saved_model(module: TranslationModule, export_dir: str,
     return target
 
 
-def export_model_dir(model_dir: str, export_dir: str, checkpoint: Optional[str] = None,
+def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
+                     checkpoint: Optional[str] = None,
                      version: Optional[int] = None, overrides: Sequence[str] = (),
                      jit_compile: bool = True, overwrite: bool = False) -> str:
     """Loads a model directory (config, vocabulary, checkpoint) and exports it.
 
     Args:
       model_dir: trainer (or average_checkpoints) output directory.
-      export_dir: base export directory; the SavedModel goes to ``export_dir/<version>``.
+      export_dir: base export directory; the SavedModel goes to ``export_dir/<version>``
+        (default: the run directory's ``exports/``).
       checkpoint: checkpoint prefix (default: the latest of ``model_dir``).
       version: integer version (default: next free).
       overrides: config overrides, e.g. ``decoding.beam_size=8`` (baked into
@@ -129,6 +132,8 @@ def export_model_dir(model_dir: str, export_dir: str, checkpoint: Optional[str] 
     Returns:
       The version directory.
     """
+    if export_dir is None:
+        export_dir = RunDir(model_dir).export_dir
     translator = Translator.from_model_dir(model_dir, checkpoint=checkpoint,
                                            overrides=overrides, jit_compile=jit_compile)
     return export_saved_model(translator.module, export_dir, version=version,

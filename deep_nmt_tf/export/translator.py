@@ -23,15 +23,14 @@ decode loop has static shapes and XLA fuses it, updates the caches in place and 
 per-op overhead (3-4x faster on CPU than the plain graph; ``docs/SERVING.md``, BENCHMARKS.md).
 Each new input shape (batch size, padded width) is compiled once.
 
-:class:`Translator` adds what a command-line tool needs on top: loading a model directory
-(``config.yaml`` + vocabulary + latest or given checkpoint), batching by length and restoring
-the input order, n-best lists and progress.
+:class:`Translator` adds what a command-line tool needs on top: loading a run directory
+(config, vocabulary and latest or given checkpoint, through :class:`deep_nmt_tf.run_dir.RunDir`),
+batching by length and restoring the input order, n-best lists and progress.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -40,24 +39,19 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.config import Config, DecodingConfig, load_config
+from deep_nmt_tf.checkpointing import restore_model_weights
+from deep_nmt_tf.config import Config, DecodingConfig
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from deep_nmt_tf.decoding.search import beam_search, search
+from deep_nmt_tf.run_dir import RunDir
 
 __all__ = [
-    "CONFIG_FILENAME",
     "TranslationModule",
     "Translator",
     "Hypothesis",
-    "load_model_dir_config",
-    "resolve_vocab_path",
-    "list_checkpoints",
-    "restore_model",
     "build_tokenizer",
 ]
 
-CONFIG_FILENAME = "config.yaml"
-VOCAB_FILENAME = "vocab.txt"
 #: Largest beam accepted by the ``beam_size`` input of ``translate_text_with_options``.
 MAX_BEAM_SIZE = 64
 
@@ -69,69 +63,11 @@ class Hypothesis(NamedTuple):
     ids: Tuple[int, ...]
 
 
-# ---------------------------------------------------------------------------------------------
-# Model directories
-# ---------------------------------------------------------------------------------------------
-
-
-def load_model_dir_config(model_dir: str, overrides: Sequence[str] = ()) -> Config:
-    """Reads ``MODEL_DIR/config.yaml`` (the resolved config the trainer saved)."""
-    path = os.path.join(model_dir, CONFIG_FILENAME)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path}: not found; is {model_dir!r} a model directory "
-                                f"written by deep-nmt-train?")
-    return load_config(path, overrides=overrides)
-
-
-def resolve_vocab_path(config: Config, model_dir: str) -> str:
-    """The vocabulary of a model directory: ``data.vocab`` if it exists, else
-    ``MODEL_DIR/vocab.txt``."""
-    candidates = []
-    if config.data.vocab:
-        candidates.append(config.data.vocab)
-        if not os.path.isabs(config.data.vocab):
-            candidates.append(os.path.join(model_dir, config.data.vocab))
-    candidates.append(os.path.join(model_dir, VOCAB_FILENAME))
-    for path in candidates:
-        if tf.io.gfile.exists(path):
-            return path
-    raise FileNotFoundError(f"no vocabulary for {model_dir}: tried {', '.join(candidates)}")
-
-
 def build_tokenizer(config: Config, vocab_path: str):
     """The data package's in-graph :class:`~deep_nmt_tf.data.vocab.Tokenizer`."""
     from deep_nmt_tf.data.vocab import Tokenizer
 
     return Tokenizer(vocab_path, lowercase=config.data.lowercase)
-
-
-def _checkpoint_step(path: str) -> int:
-    try:
-        return int(path.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
-
-
-def list_checkpoints(model_dir: str) -> List[str]:
-    """All checkpoints that ``MODEL_DIR/checkpoint`` lists, oldest first (by step)."""
-    state = tf.train.get_checkpoint_state(model_dir)
-    if state is None:
-        return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    paths = [p if os.path.isabs(p) else os.path.join(model_dir, p) for p in paths]
-    paths = [p for p in paths if tf.io.gfile.exists(p + ".index")]
-    return sorted(set(paths), key=_checkpoint_step)
-
-
-def restore_model(model, checkpoint_path: str) -> str:
-    """Restores the model variables of a trainer (or averaged) checkpoint into ``model``.
-
-    Uses the trainer's layout (``deep_nmt_tf.training.checkpoints``: ``model/variables/<i>``);
-    optimizer slots and counters are ignored, and every model variable must be found.
-    """
-    from deep_nmt_tf.training.checkpoints import restore_model_weights
-
-    return restore_model_weights(model, checkpoint_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,13 +271,14 @@ class Translator:
         """
         from deep_nmt_tf.models import build_model
 
-        config = load_model_dir_config(model_dir, overrides)
-        tokenizer = build_tokenizer(config, resolve_vocab_path(config, model_dir))
+        run_dir = RunDir(model_dir)
+        config = run_dir.load_config(overrides)
+        tokenizer = build_tokenizer(config, run_dir.vocab_path(config))
         model = build_model(config)
         translator = cls(model, tokenizer, config, jit_compile=jit_compile,
                          pad_to_multiple=pad_to_multiple)
         if checkpoint is None:
-            checkpoint = tf.train.latest_checkpoint(model_dir)
+            checkpoint = run_dir.latest_checkpoint()
             if checkpoint is None:
                 raise FileNotFoundError(f"no checkpoint in {model_dir}")
         translator.restore(checkpoint)
@@ -349,7 +286,7 @@ class Translator:
 
     def restore(self, checkpoint_path: str):
         """Loads the model variables of another checkpoint (compiled functions are kept)."""
-        restore_model(self.model, checkpoint_path)
+        restore_model_weights(self.model, checkpoint_path)
         self.checkpoint_path = checkpoint_path
         logging.info("Restored model weights from %s", checkpoint_path)
 

@@ -1,6 +1,8 @@
-"""Training: losses, learning-rate schedules, optimizer, strategies and the training loop.
+"""Training: losses, learning-rate schedules, optimizer, strategies, the trainer and its runner.
 
 TensorFlow backend only (``tf.distribute``, ``tf.data``, ``tf.train.Checkpoint``).
+:class:`Trainer` (``trainer.py``) is one update; :class:`Runner` (``runner.py``) is the run
+around it (data, warm start, restore, checkpoints, evaluation, logs, the loop's schedule).
 
 Example:
     >>> from deep_nmt_tf.config import load_config
@@ -9,14 +11,15 @@ Example:
     >>> Trainer(cfg, "runs/demo", strategy=make_strategy("default")).train()
 """
 
-from deep_nmt_tf.training.checkpoints import model_checkpoint, restore_model_weights
+from deep_nmt_tf.checkpointing import model_checkpoint, restore_model_weights
 from deep_nmt_tf.training.losses import LossSums, cross_entropy_sums, loss_denominator
-from deep_nmt_tf.training.metrics import corpus_bleu, greedy_decode
+from deep_nmt_tf.training.metrics import corpus_bleu
 from deep_nmt_tf.training.optimizers import (ClipByGlobalNorm, GradientTransform,
                                              build_gradient_transforms, build_optimizer)
 from deep_nmt_tf.training.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
                                             InverseSqrtSchedule, TransformerSchedule,
                                             build_schedule, register_schedule)
+from deep_nmt_tf.training.runner import PeriodicAction, Runner
 from deep_nmt_tf.training.strategy import STRATEGIES, is_chief, make_strategy
 from deep_nmt_tf.training.trainer import TrainHook, Trainer
 
@@ -27,7 +30,6 @@ __all__ = [
     "cross_entropy_sums",
     "loss_denominator",
     "corpus_bleu",
-    "greedy_decode",
     "ClipByGlobalNorm",
     "GradientTransform",
     "build_gradient_transforms",
@@ -41,6 +43,8 @@ __all__ = [
     "STRATEGIES",
     "is_chief",
     "make_strategy",
+    "PeriodicAction",
+    "Runner",
     "TrainHook",
     "Trainer",
 ]

@@ -1,10 +1,13 @@
-"""The training task and its custom training loop (TensorFlow backend, ``tf.distribute``).
+"""The training task and its update step (TensorFlow backend, ``tf.distribute``).
 
-:class:`Trainer` gathers what a run needs, in the manner of a TF Model Garden task:
+:class:`Trainer` gathers what an update needs, in the manner of a TF Model Garden task:
 :meth:`~Trainer.build_model`, :meth:`~Trainer.build_train_dataset`,
-:meth:`~Trainer.build_eval_dataset`, :meth:`~Trainer.compute_loss`, :meth:`~Trainer.train_step`,
-:meth:`~Trainer.evaluate`; :meth:`~Trainer.train` is the loop around them.  Subclass and override
-a ``build_*`` method to swap a component (the tests train a stand-in model that way).
+:meth:`~Trainer.build_eval_dataset`, :meth:`~Trainer.compute_loss`, the optimizer and
+:meth:`~Trainer.train_step`.  Subclass and override a ``build_*`` method (or :meth:`~Trainer.
+prepare`) to swap a component (the tests train a stand-in model that way).  Everything around
+the step (the run directory, data preparation, warm start, restore, checkpoints, evaluation,
+logs and the loop's schedule) is the runner's, :mod:`deep_nmt_tf.training.runner`;
+:meth:`~Trainer.train` runs it.
 
 One update (:meth:`~Trainer.train_step`), with ``k = training.gradient_accumulation_steps``
 micro-batches and ``n`` replicas:
@@ -20,114 +23,35 @@ micro-batches and ``n`` replicas:
 4. L2 weight decay adds ``wd * w`` (:mod:`~deep_nmt_tf.training.optimizers`); the global norm is
    computed; the gradient transforms run (``training.clip_norm``: global-norm clipping, and any
    added with ``gradient_transforms=``);
-5. Adam applies the update, unless the norm is not finite or a transform asked to skip it; a
+5. Adam applies the update (:func:`~deep_nmt_tf.training.adaptive_clipping.
+   apply_gradients_if`), unless the norm is not finite or a transform asked to skip it; a
    skipped update is counted (``skipped_updates``) and leaves the weights and Adam's state alone.
 
 The learning-rate schedule reads ``optimizer.iterations`` (updates applied); ``step`` counts
-update attempts, skipped ones included.
-
-Checkpoints (every ``training.checkpoint_every`` steps and at the end; ``keep_checkpoints``
-kept) hold the model (with the dropout ``SeedGenerator`` states, so dropout masks continue
-exactly), the optimizer (iteration counter and moments), ``step``, ``skipped_updates``,
-``data_position`` (micro-batches consumed), the state of the gradient transforms and, if asked
-(``checkpoint_iterator``, default strategy only), the ``tf.data`` iterator.  On resume the
-iterator is restored, or else the training dataset is rebuilt and its first ``data_position``
-micro-batches are read and dropped (:meth:`Trainer.make_train_iterator`), so the dataset must be
-deterministic for a given ``training.seed`` (as the data pipeline is).  A run killed at any point
-continues from its latest checkpoint as if it had not been stopped.
-
-Evaluation (every ``training.eval_every`` steps and at the end) computes the dev loss and, with
-``training.eval_bleu``, sacreBLEU over greedy decoding; it runs on the first device of the
-strategy.  Logs: a console line every ``training.log_every`` steps, TensorBoard scalars under
-``MODEL_DIR/train`` (loss, nll, perplexity, learning_rate, grad_norm, tokens_per_second,
-skipped_updates, the gradient transforms' statistics, the model's mixing weights
-(:meth:`Trainer.model_diagnostics`), and every ``training.grad_norm_ratio_every`` steps Bapna et
-al.'s ``grad_norm_ratio``, ``grad_norm_h1`` and ``grad_norm_hN``, also in the console log;
-every ``training.diagnostics_every`` steps (default ``log_every``) heatmaps ``weights/...`` of
-the mixing matrices and the mean lexical-shortcut gates ``gates/...`` on a fixed batch,
-:meth:`Trainer.write_diagnostics`) and ``MODEL_DIR/eval`` (loss, nll,
-perplexity, bleu, mean lexical-shortcut gates on the first dev batch).
+update attempts, skipped ones included; ``data_position`` counts the micro-batches consumed.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import os
-import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf.checkpointing import model_trackable
 from deep_nmt_tf.config import Config, ConfigError
-from deep_nmt_tf.training import checkpoints as ckpt_lib
-from deep_nmt_tf.training import diagnostics as diagnostics_lib
-from deep_nmt_tf.training import losses, metrics, optimizers, schedules
+from deep_nmt_tf.run_dir import RunDir
+from deep_nmt_tf.training import losses, optimizers, schedules
+from deep_nmt_tf.training import runner as runner_lib
 from deep_nmt_tf.training import warm_start as warm_start_lib
+from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
+from deep_nmt_tf.training.runner import TrainHook
 from deep_nmt_tf.training.strategy import is_chief
 
 __all__ = ["Trainer", "TrainHook"]
-
-#: ``hook(trainer, step, logs)`` called after every update (after logging, checkpointing and
-#: evaluation of that step); ``logs`` holds the step's float metrics.
-TrainHook = Callable[["Trainer", int, Dict[str, float]], None]
-
-_SUM_KEYS = ("loss_sum", "nll_sum", "num_tokens", "num_sentences", "source_tokens",
-             "h1_grad_sq", "hn_grad_sq")
-_BATCH_KEYS = ("source_ids", "target_input_ids", "target_output_ids")
-
-
-class _LogWindow:
-    """Training metrics between two console/TensorBoard logs."""
-
-    def __init__(self):
-        self.sums = {k: 0.0 for k in _SUM_KEYS}
-        self.norm_sum, self.applied, self.skipped = 0.0, 0, 0
-        self.last: Dict[str, float] = {}
-        self.start = time.perf_counter()
-        self.excluded = 0.0
-
-    def exclude(self, seconds: float):
-        """Leaves time spent on other work (checkpoints, evaluation) out of tokens/s."""
-        self.excluded += seconds
-
-    def add(self, logs: Dict[str, float]):
-        for k in _SUM_KEYS:
-            self.sums[k] += logs[k]
-        if logs["skipped"]:
-            self.skipped += 1
-        else:
-            self.norm_sum += logs["grad_norm"]
-            self.applied += 1
-        self.last = dict(logs)
-
-    def summary(self) -> Dict[str, float]:
-        """Per-token losses over the window, mean norm of the applied updates, throughput,
-        the current learning rate and the gradient transforms' latest statistics."""
-        elapsed = max(time.perf_counter() - self.start - self.excluded, 1e-9)
-        tokens = max(self.sums["num_tokens"], 1.0)
-        nll = self.sums["nll_sum"] / tokens
-        out = {k: v for k, v in self.last.items()
-               if k not in _SUM_KEYS and k not in ("loss", "nll", "skipped")}
-        out.update({
-            "loss": self.sums["loss_sum"] / tokens,
-            "nll": nll,
-            "perplexity": math.exp(min(nll, 100.0)),
-            "grad_norm": self.norm_sum / max(self.applied, 1),
-            "tokens_per_second": (self.sums["num_tokens"] + self.sums["source_tokens"]) / elapsed,
-            "target_tokens_per_second": self.sums["num_tokens"] / elapsed,
-        })
-        return out
-
-
-@tf.function
-def _advance(iterator, count):
-    """Reads and drops ``count`` elements of ``iterator`` (in graph: no Python per element)."""
-    for _ in tf.range(count):
-        next(iterator)
 
 
 def _densify(grad, variable):
@@ -139,23 +63,28 @@ def _densify(grad, variable):
 
 
 class Trainer:
-    """Builds a model, its optimizer and data, and trains it with a custom loop.
+    """Builds a model, its optimizer and data, and runs one update at a time.
+
+    Construction prepares the run (:func:`~deep_nmt_tf.training.runner.prepare_run`: config
+    check, data and vocabulary, ``config.yaml``), builds the model, optimizer and counters
+    inside the strategy scope, then attaches a :class:`~deep_nmt_tf.training.runner.Runner`
+    (warm start or restore of the latest checkpoint): a trainer of an existing run directory
+    starts where the run stopped.
 
     Args:
       config: the validated :class:`~deep_nmt_tf.config.Config`.
-      model_dir: the model directory (checkpoints, ``config.yaml``, TensorBoard logs, and the
-        data that :func:`deep_nmt_tf.data.prepare_data` writes there).
+      model_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`).
       strategy: a ``tf.distribute.Strategy`` (default: the default strategy); see
         :func:`deep_nmt_tf.training.strategy.make_strategy`.
       gradient_transforms: extra :class:`~deep_nmt_tf.training.optimizers.GradientTransform`s,
         run after the ones the config asks for.
       checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
-        (see :meth:`make_train_iterator`).  Resuming is then instant, but every checkpoint
-        holds the shuffle buffer (demo config: +34 MB and +3 s per checkpoint); the default
-        re-reads the consumed batches on resume instead.
+        (:meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`).  Resuming is then
+        instant, but every checkpoint holds the shuffle buffer (demo config: +34 MB and +3 s
+        per checkpoint); the default re-reads the consumed batches on resume instead.
 
     Raises:
-      ConfigError: ``model_dir`` was trained with a different model config.
+      ConfigError: ``model_dir`` was trained with a different model config or vocabulary.
 
     Example:
       >>> from deep_nmt_tf.config import load_config
@@ -163,33 +92,32 @@ class Trainer:
       >>> Trainer(cfg, "/tmp/demo").train()
     """
 
-    def __init__(self, config: Config, model_dir: str,
+    #: The sums of a step's metrics (added up over a log window, not averaged).
+    SUM_KEYS = ("loss_sum", "nll_sum", "num_tokens", "num_sentences", "source_tokens",
+                "h1_grad_sq", "hn_grad_sq")
+
+    def __init__(self, config: Config, model_dir,
                  strategy: Optional[tf.distribute.Strategy] = None,
                  gradient_transforms: Sequence[optimizers.GradientTransform] = (),
                  checkpoint_iterator: bool = False):
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError("deep_nmt_tf.training needs the TensorFlow Keras backend "
                                f"(KERAS_BACKEND={keras.backend.backend()!r})")
-        self.model_dir = model_dir
-        self.checkpoint_iterator = checkpoint_iterator
+        self.run_dir = RunDir(model_dir)
+        self.model_dir = self.run_dir.path
         self.strategy = strategy or tf.distribute.get_strategy()
         self.is_chief = is_chief(self.strategy)
         self.tokenizer = None
-        ckpt_lib.check_config(config, model_dir)  # Before any work; again once resolved.
-        self.config = self.prepare(config)
-        if self.config.model.vocab_size <= 0:
-            raise ConfigError(f"{self.config.source}: model.vocab_size is still 0 after data "
-                              "preparation")
-        ckpt_lib.check_and_save_config(self.config, model_dir, write=self.is_chief)
+        self.config = runner_lib.prepare_run(config, self.run_dir, self.prepare,
+                                             write=self.is_chief)
         t = self.config.training
         self.accumulation_steps = t.gradient_accumulation_steps
         keras.utils.set_random_seed(t.seed)
 
         with self.strategy.scope():
             self.model = self.build_model()
-            # Warm start (fresh runs) and freezing: training.warm_start, training.freeze.
-            self._trainable_variables = warm_start_lib.initialize(self.model, self.config,
-                                                                  model_dir)
+            self._trainable_variables = warm_start_lib.trainable_variables(self.model,
+                                                                           self.config)
             self.schedule = schedules.build_schedule(
                 self.config, num_replicas=self.strategy.num_replicas_in_sync)
             self.optimizer = optimizers.build_optimizer(self.config, self.schedule)
@@ -211,7 +139,7 @@ class Trainer:
                 self._grad_accumulators = [
                     tf.Variable(tf.zeros(v.shape, v.dtype), name="grad_accumulator", **local)
                     for v in self.trainable_variables]
-                self._sum_accumulator = tf.Variable(tf.zeros([len(_SUM_KEYS)]),
+                self._sum_accumulator = tf.Variable(tf.zeros([len(self.SUM_KEYS)]),
                                                     name="sum_accumulator", **local)
         self._decayed_mask = optimizers.decayed_variable_mask(self.trainable_variables)
         if t.grad_norm_ratio_every and not (hasattr(self.model, "encode") and
@@ -220,37 +148,12 @@ class Trainer:
                               f"{type(self.model).__name__} has no encode()/decode() to "
                               "differentiate the encoder layer outputs")
 
-        items = dict(model=ckpt_lib.model_trackable(self.model), optimizer=self.optimizer,
-                     step=self.step, skipped_updates=self.skipped_updates,
-                     data_position=self.data_position)
-        for i, transform in enumerate(self.gradient_transforms):
-            for name, obj in transform.checkpoint_items().items():
-                items[f"transform_{i}_{name}"] = obj
-        self._checkpoint_items = items
-        self.checkpoint = tf.train.Checkpoint(**items)
-        self.checkpoint_saver = ckpt_lib.CheckpointSaver(
-            self.checkpoint, model_dir, max_to_keep=t.keep_checkpoints,
-            step_counter=self.step, chief=self.is_chief)
-        restored = self.checkpoint_saver.restore_latest()
-        if restored:
-            logging.info("Restored %s (step %d, %d updates applied, %d micro-batches consumed)",
-                         restored, int(self.step.numpy()), int(self.optimizer.iterations.numpy()),
-                         int(self.data_position.numpy()))
-
         compute = self._compute_gradients
         if t.jit_compile:
             compute = tf.function(compute, jit_compile=True, reduce_retracing=True)
         self._compute_gradients_fn = compute
         self._train_step_fn = tf.function(self._train_step)
-        self._eval_sums_fn = tf.function(
-            lambda batch: self.compute_loss(batch, training=False), reduce_retracing=True)
-        self._greedy_fn = tf.function(
-            lambda source_ids, max_length: metrics.greedy_decode(self.model, source_ids,
-                                                                 max_length),
-            input_signature=[tf.TensorSpec([None, None], tf.int32),
-                             tf.TensorSpec([], tf.int32)])
-        self._writers: Dict[str, tf.summary.SummaryWriter] = {}
-        self._gate_batch = self._gates_fn = None  # write_diagnostics' fixed batch.
+        self.runner = runner_lib.Runner(self, checkpoint_iterator=checkpoint_iterator)
 
     # ------------------------------------------------------------------------------------
     # Components (override in a subclass to swap one)
@@ -260,13 +163,13 @@ class Trainer:
         """Prepares the data (corpus, vocabulary) and returns the resolved config.
 
         The default checks that a training corpus is configured, runs
-        :func:`deep_nmt_tf.data.prepare_data` and loads the tokenizer.
+        :func:`deep_nmt_tf.data.prepare_data` in the run directory and loads the tokenizer.
         """
         from deep_nmt_tf.config import require_training_data
         from deep_nmt_tf.data import Tokenizer, prepare_data
 
         require_training_data(config)
-        config = prepare_data(config, self.model_dir)
+        config = prepare_data(config, self.run_dir)
         self.tokenizer = Tokenizer.from_config(config)
         return config
 
@@ -295,13 +198,24 @@ class Trainer:
         return make_dev_dataset(self.config, self.tokenizer, include_text=True)
 
     def detokenize(self, ids: np.ndarray) -> List[str]:
-        """Greedy output ids ``[B, L]`` (``EOS``, then padding) -> text, for BLEU."""
+        """Greedy output ids ``[B, L]`` (padded) -> text, for BLEU."""
         return [t.decode("utf-8") for t in self.tokenizer.detokenize(ids).numpy()]
 
     @property
     def trainable_variables(self) -> List:
         """The variables that are trained (and that the optimizer and accumulators track)."""
         return self._trainable_variables
+
+    def checkpoint_items(self) -> Dict[str, object]:
+        """What a training checkpoint holds (:mod:`deep_nmt_tf.checkpointing`): the model,
+        the optimizer, the counters and the gradient transforms' state."""
+        items = dict(model=model_trackable(self.model), optimizer=self.optimizer,
+                     step=self.step, skipped_updates=self.skipped_updates,
+                     data_position=self.data_position)
+        for i, transform in enumerate(self.gradient_transforms):
+            for name, obj in transform.checkpoint_items().items():
+                items[f"transform_{i}_{name}"] = obj
+        return items
 
     # ------------------------------------------------------------------------------------
     # Loss and gradients
@@ -364,10 +278,10 @@ class Trainer:
             acc.assign_add(g)
         self._sum_accumulator.assign_add(vector)
 
-    def _reduce_replica(self, batch, diagnostics):
-        """Replica context: last micro-batch, all-reduce, normalise, transform.
+    def _update_replica(self, batch, diagnostics):
+        """Replica context: last micro-batch, all-reduce, normalise, transform, apply.
 
-        Returns the final gradients (identical on every replica) and the update's metrics.
+        Returns the update's metrics (identical on every replica).
         """
         grads, vector = self._compute_gradients_fn(batch, diagnostics)
         if self._grad_accumulators:
@@ -378,7 +292,7 @@ class Trainer:
             self._sum_accumulator.assign(tf.zeros_like(self._sum_accumulator))
         ctx = tf.distribute.get_replica_context()
         grads, vector = ctx.all_reduce(tf.distribute.ReduceOp.SUM, (grads, vector))
-        sums = dict(zip(_SUM_KEYS, tf.unstack(vector)))
+        sums = dict(zip(self.SUM_KEYS, tf.unstack(vector)))
         if self.config.training.loss_normalization == "token":
             denominator = sums["num_tokens"]
         else:
@@ -397,36 +311,26 @@ class Trainer:
         out = dict(sums)
         out.update(stats)
         out["learning_rate"] = tf.cast(self.optimizer.learning_rate, tf.float32)
-        out["skip"] = skip
         if diagnostics:
             # ||dL/dh_1|| / ||dL/dh_N|| over the global batch (the denominator cancels).
             h1, hn = tf.sqrt(sums["h1_grad_sq"]), tf.sqrt(sums["hn_grad_sq"])
             out["grad_norm_ratio"] = h1 / tf.maximum(hn, 1e-30)
             out["grad_norm_h1"] = h1 / denominator
             out["grad_norm_hN"] = hn / denominator
-        return grads, out
-
-    def _apply_replica(self, grads):
-        self.optimizer.apply(grads, self.trainable_variables)
+        applied = apply_gradients_if(tf.logical_not(skip), self.optimizer, grads, variables)
+        out["skipped"] = 1.0 - tf.cast(applied, tf.float32)
+        return out
 
     def _train_step(self, iterator, diagnostics=False):
         if self.accumulation_steps > 1:
             accumulate = functools.partial(self._accumulate_replica, diagnostics=diagnostics)
             for _ in tf.range(self.accumulation_steps - 1):
                 self.strategy.run(accumulate, args=(next(iterator),))
-        reduce = functools.partial(self._reduce_replica, diagnostics=diagnostics)
-        grads, outputs = self.strategy.run(reduce, args=(next(iterator),))
+        update = functools.partial(self._update_replica, diagnostics=diagnostics)
+        outputs = self.strategy.run(update, args=(next(iterator),))
         # The metrics are identical across replicas (computed after the all-reduce).
         outputs = tf.nest.map_structure(
             lambda x: self.strategy.experimental_local_results(x)[0], outputs)
-
-        # The optimizer's cross-replica update (merge_call) cannot sit inside control flow in
-        # replica context, so the skip decision is taken here, around a second strategy.run.
-        def apply():
-            self.strategy.run(self._apply_replica, args=(grads,))
-            return tf.constant(0.0)
-
-        outputs["skipped"] = tf.cond(outputs.pop("skip"), lambda: tf.constant(1.0), apply)
         self.step.assign_add(1)
         self.data_position.assign_add(self.accumulation_steps)
         self.skipped_updates.assign_add(tf.cast(outputs["skipped"], tf.int64))
@@ -451,7 +355,7 @@ class Trainer:
         return self._train_step_fn(iterator, bool(diagnostics))
 
     # ------------------------------------------------------------------------------------
-    # Data
+    # Data distribution
     # ------------------------------------------------------------------------------------
 
     def _dataset_fn(self, skip: int):
@@ -465,251 +369,35 @@ class Trainer:
 
         return dataset_fn
 
+    def distributed_iterator(self, skip: int = 0):
+        """An iterator over the training data distributed by the strategy (one pipeline per
+        worker), after dropping the first ``skip`` micro-batches."""
+        return iter(self.strategy.distribute_datasets_from_function(self._dataset_fn(skip)))
+
+    # ------------------------------------------------------------------------------------
+    # The run (the runner's; kept here for the classic entry points)
+    # ------------------------------------------------------------------------------------
+
     def make_train_iterator(self):
-        """An iterator over the training data, positioned after ``data_position``.
+        """The training iterator positioned after ``data_position`` (the runner's
+        :meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`)."""
+        return self.runner.make_train_iterator()
 
-        A resumed run sees the same batches as an uninterrupted one:
-
-        * by default, and whenever the iterator cannot be checkpointed (distributed iterators,
-          datasets with Python ops such as ``from_generator``), the ``data_position``
-          micro-batches consumed before the checkpoint are read again and dropped (about 100
-          demo-config batches/s on 2 CPU cores);
-        * with ``checkpoint_iterator=True`` under the default strategy, the ``tf.data``
-          iterator is saved in the checkpoints (``data_iterator``) and restored from them.
-        """
-        position = int(self.data_position.numpy())
-
-        def make(skip=0):
-            return iter(self.strategy.distribute_datasets_from_function(self._dataset_fn(skip)))
-
-        if self.checkpoint_iterator:
-            restored = self._restored_iterator(make) if position else None
-            iterator = make() if restored is None else restored
-            if isinstance(iterator, tf.__internal__.tracking.Trackable):
-                if position and restored is None:
-                    logging.info("Re-reading the %d training micro-batches consumed before "
-                                 "the checkpoint", position)
-                    _advance(iterator, tf.constant(position, tf.int64))
-                self.checkpoint_saver.set_checkpoint(
-                    tf.train.Checkpoint(**self._checkpoint_items, data_iterator=iterator))
-                return iterator
-        if position:
-            logging.info("Skipping the %d training micro-batches consumed before the checkpoint",
-                         position)
-        return make(position)
-
-    def _restored_iterator(self, make):
-        """The data iterator restored from the latest checkpoint, or None if it has none."""
-        latest = self.checkpoint_saver.latest_checkpoint
-        if not latest or not ckpt_lib.has_object(latest, "data_iterator"):
-            return None
-        iterator = make()
-        try:
-            tf.train.Checkpoint(data_iterator=iterator).restore(latest).expect_partial()
-        except (tf.errors.OpError, ValueError, AssertionError) as e:
-            logging.warning("Cannot restore the training data iterator from %s (%s); re-reading "
-                            "the consumed batches instead", latest, str(e).splitlines()[0])
-            return None
-        logging.info("Restored the training data iterator from %s", latest)
-        return iterator
-
-    # ------------------------------------------------------------------------------------
-    # Loop
-    # ------------------------------------------------------------------------------------
-
-    def _writer(self, name: str):
-        if name not in self._writers:
-            if self.is_chief:
-                self._writers[name] = tf.summary.create_file_writer(
-                    os.path.join(self.model_dir, name))
-            else:
-                self._writers[name] = tf.summary.create_noop_writer()
-        return self._writers[name]
+    @property
+    def checkpoint_saver(self):
+        """The runner's :class:`~deep_nmt_tf.checkpointing.CheckpointSaver`."""
+        return self.runner.saver
 
     def save_checkpoint(self) -> Optional[str]:
         """Writes a checkpoint numbered by the current step (every worker must call it)."""
-        try:
-            path = self.checkpoint_saver.save()
-        except tf.errors.FailedPreconditionError as e:
-            if self.checkpoint_saver.checkpoint is self.checkpoint:
-                raise
-            logging.warning("The training data iterator cannot be checkpointed (%s); a resumed "
-                            "run will re-read the consumed batches instead",
-                            str(e).splitlines()[0])
-            self.checkpoint_saver.set_checkpoint(self.checkpoint)
-            path = self.checkpoint_saver.save()
-        if path:
-            logging.info("Saved checkpoint %s", path)
-        return path
-
-    def train(self, hooks: Sequence[TrainHook] = (), max_steps: Optional[int] = None) -> Dict:
-        """Trains until ``training.train_steps`` (or ``max_steps``) updates.
-
-        Args:
-          hooks: callables ``hook(trainer, step, logs)`` run after each step (after its
-            logging, checkpoint and evaluation).  ``logs``: the step's metrics
-            (:meth:`train_step`) plus ``loss`` and ``nll`` per target token, and ``eval_*``
-            after an evaluation.
-          max_steps: stop earlier (a checkpoint and an evaluation are made there as at the end).
-
-        Returns:
-          The last logged training metrics (averages over the last ``log_every`` steps) and the
-          last evaluation (``eval_*`` keys); empty if there was nothing to do.
-        """
-        t = self.config.training
-        last = min(t.train_steps, max_steps) if max_steps else t.train_steps
-        step = int(self.step.numpy())
-        if step >= last:
-            logging.info("Nothing to do: step %d >= %d", step, last)
-            return {}
-        iterator = self.make_train_iterator()
-        writer = self._writer("train")
-        window = _LogWindow()
-        summary: Dict[str, float] = {}
-        logging.info("Training from step %d to %d (%d replica(s), %d micro-batch(es) per update)",
-                     step, last, self.strategy.num_replicas_in_sync, self.accumulation_steps)
-        ratio_every = t.grad_norm_ratio_every
-        while step < last:
-            diagnostics = bool(ratio_every) and (step + 1) % ratio_every == 0
-            try:
-                out = self.train_step(iterator, diagnostics=diagnostics)
-            except tf.errors.OutOfRangeError:
-                raise RuntimeError("the training dataset ended; it must repeat forever") from None
-            logs = {k: float(v.numpy()) for k, v in out.items()}
-            step += 1
-            tokens = max(logs["num_tokens"], 1.0)
-            logs["loss"], logs["nll"] = logs["loss_sum"] / tokens, logs["nll_sum"] / tokens
-            if logs["skipped"]:
-                logging.warning("Step %d: update skipped (gradient norm %g)", step,
-                                logs["grad_norm"])
-            ratio = {k: logs.pop(k) for k in diagnostics_lib.RATIO_KEYS if k in logs}
-            if ratio:
-                metrics.write_scalars(writer, step, ratio)
-                logging.info("step %d: grad-norm ratio %.4g (|dL/dh_1| %.4g, |dL/dh_N| %.4g)",
-                             step, ratio["grad_norm_ratio"], ratio["grad_norm_h1"],
-                             ratio["grad_norm_hN"])
-            window.add(logs)
-            logs.update(ratio)
-            if step % t.log_every == 0 or step == last:
-                summary = window.summary()
-                summary["skipped_updates"] = float(self.skipped_updates.numpy())
-                metrics.write_scalars(writer, step, {**summary, **self.model_diagnostics()})
-                logging.info("step %d/%d: loss %.4f (nll %.4f, ppl %.2f), lr %.3e, |g| %.3f, "
-                             "%.0f tok/s%s", step, last, summary["loss"], summary["nll"],
-                             summary["perplexity"], summary["learning_rate"],
-                             summary["grad_norm"], summary["tokens_per_second"],
-                             f", {window.skipped} skipped" if window.skipped else "")
-                window = _LogWindow()
-            if step % (t.diagnostics_every or t.log_every) == 0 or step == last:
-                start = time.perf_counter()
-                self.write_diagnostics(writer, step)
-                window.exclude(time.perf_counter() - start)
-            if step % t.checkpoint_every == 0 or step == last:
-                start = time.perf_counter()
-                self.save_checkpoint()
-                window.exclude(time.perf_counter() - start)
-            if t.eval_every and (step % t.eval_every == 0 or step == last):
-                start = time.perf_counter()
-                results = {f"eval_{k}": v for k, v in self.evaluate().items()}
-                logs.update(results)
-                summary.update(results)
-                window.exclude(time.perf_counter() - start)
-            for hook in hooks:
-                hook(self, step, logs)
-        return summary
-
-    # ------------------------------------------------------------------------------------
-    # Evaluation and diagnostics
-    # ------------------------------------------------------------------------------------
-
-    def model_diagnostics(self) -> Dict[str, float]:
-        """The model's learned mixing weights as named scalars (logged with the training logs).
-
-        From ``model.diagnostic_weights()`` when the model has it:
-        ``transparent_attention/decoder_layer_{j}/source_{i}`` (Bapna et al. Fig. 4; source 0 is
-        the embedding output) and ``{encoder,decoder}_dlcl/row_{l}/input_{k}`` (``k <= l``:
-        row ``l`` feeds layer ``l + 1``; Wang et al. Fig. 5).
-        """
-        if not hasattr(self.model, "diagnostic_weights"):
-            return {}
-        out = {}
-        for name, matrix in self.model.diagnostic_weights().items():
-            matrix = np.asarray(keras.ops.convert_to_numpy(matrix))
-            if name == "transparent_attention":
-                for i, j in np.ndindex(*matrix.shape):
-                    out[f"{name}/decoder_layer_{j}/source_{i}"] = float(matrix[i, j])
-            else:
-                for i, j in np.ndindex(*matrix.shape):
-                    if j <= i:
-                        out[f"{name}/row_{i}/input_{j}"] = float(matrix[i, j])
-        return out
-
-    def write_diagnostics(self, writer, step: int) -> None:
-        """Every ``training.diagnostics_every`` steps (default ``log_every``), chief only: the
-        heatmaps of the mixing matrices (``weights/...``,
-        :func:`~deep_nmt_tf.training.diagnostics.write_weight_images`) and, with lexical
-        shortcuts, the mean gates per layer on a fixed batch (``gates/...``; the first dev
-        batch, else the first training micro-batch)."""
-        if not self.is_chief:
-            return
-        diagnostics_lib.write_weight_images(writer, step, self.model)
-        if not diagnostics_lib.has_shortcut_gates(self.model):
-            return
-        if self._gate_batch is None:
-            dataset = self.build_eval_dataset()
-            if dataset is None:
-                dataset = self.build_train_dataset(None)
-            batch = next(iter(dataset))
-            self._gate_batch = {k: tf.cast(batch[k], tf.int32)
-                                for k in ("source_ids", "target_input_ids")}
-            self._gates_fn = tf.function(
-                lambda s, t: self.model.lexical_shortcut_gates(
-                    {"source_ids": s, "target_input_ids": t}, training=False))
-        gates = diagnostics_lib.shortcut_gate_scalars(self.model, self._gate_batch,
-                                                      gates_fn=self._gates_fn)
-        metrics.write_scalars(writer, step, gates)
+        return self.runner.save_checkpoint()
 
     def evaluate(self, write_summaries: bool = True) -> Dict[str, float]:
-        """Dev loss, NLL, perplexity and (``training.eval_bleu``) greedy BLEU.
+        """Dev loss, NLL, perplexity and (``training.eval_bleu``) greedy BLEU
+        (:class:`~deep_nmt_tf.training.evaluation.Evaluator`); {} without a dev set."""
+        return self.runner.evaluate(write_summaries)
 
-        The loss is the label-smoothed per-token loss (comparable with the training loss);
-        ``nll``/``perplexity`` are unsmoothed.  With lexical shortcuts, the mean gates on the
-        first dev batch are written to TensorBoard too (``gates/...``).  BLEU (sacreBLEU, detokenised greedy output
-        against the dev set's raw ``target_text``) is computed when the batches carry
-        ``target_text``.  Returns an empty dict when there is no dev set.
-        """
-        dataset = self.build_eval_dataset()
-        if dataset is None:
-            return {}
-        start = time.perf_counter()
-        t = self.config.training
-        d = self.config.decoding
-        totals = np.zeros(4)
-        hypotheses: List[str] = []
-        references: List[str] = []
-        gates: Dict[str, float] = {}
-        for i, batch in enumerate(dataset):
-            if i == 0:
-                gates = diagnostics_lib.shortcut_gate_scalars(self.model, batch)
-            sums = self._eval_sums_fn({k: batch[k] for k in _BATCH_KEYS})
-            totals += [float(sums.loss), float(sums.nll), float(sums.num_tokens),
-                       float(sums.num_sentences)]
-            if t.eval_bleu and "target_text" in batch:
-                source_ids = tf.cast(batch["source_ids"], tf.int32)
-                max_length = metrics.max_decoding_length(source_ids, d.max_length_a,
-                                                         d.max_length_b)
-                hypotheses.extend(self.detokenize(self._greedy_fn(source_ids, max_length).numpy()))
-                references.extend(x.decode("utf-8") for x in batch["target_text"].numpy())
-        tokens = max(totals[2], 1.0)
-        results = {"loss": totals[0] / tokens, "nll": totals[1] / tokens,
-                   "perplexity": math.exp(min(totals[1] / tokens, 100.0))}
-        if references:
-            results["bleu"] = metrics.corpus_bleu(hypotheses, references)
-        results = {k: float(v) for k, v in results.items()}
-        step = int(self.step.numpy())
-        if write_summaries:
-            metrics.write_scalars(self._writer("eval"), step, {**results, **gates})
-        logging.info("eval at step %d: %s (%.1fs)", step,
-                     ", ".join(f"{k} {v:.4f}" for k, v in results.items()),
-                     time.perf_counter() - start)
-        return results
+    def train(self, hooks: Sequence[TrainHook] = (), max_steps: Optional[int] = None) -> Dict:
+        """Trains until ``training.train_steps`` (or ``max_steps``) updates
+        (:meth:`~deep_nmt_tf.training.runner.Runner.run`: hooks, return value)."""
+        return self.runner.run(hooks=hooks, max_steps=max_steps)

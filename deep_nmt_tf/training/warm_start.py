@@ -20,7 +20,7 @@ Seq2SeqModel` (``encoder``, ``decoder``, ``encoder/stages/0`` (a cascade's first
 
 The earlier run's model is described by the ``config.yaml`` of the checkpoint's directory; it is
 built (variables only) to learn the path of every checkpointed variable (the checkpoint stores
-``model.variables`` by position, :mod:`deep_nmt_tf.training.checkpoints`), and the values are read
+``model.variables`` by position, :mod:`deep_nmt_tf.checkpointing`), and the values are read
 with ``tf.train.load_checkpoint``.  Source and target weights (trainable and non-trainable; not
 the dropout seed states) are matched by their path relative to the sub-module
 (``layer_0/forward/cell/kernel`` ...); any variable missing on either side or with a different
@@ -28,8 +28,9 @@ shape is a :class:`~deep_nmt_tf.config.ConfigError` listing all of them.  Sub-mo
 variables as the model does (e.g. a tied source/target embedding belongs to the encoder, so
 freezing the encoder freezes it for the decoder too).
 
-The warm start happens only when the model directory has no checkpoint of its own (a resumed run
-restores its own weights); freezing holds throughout.
+The runner (:mod:`deep_nmt_tf.training.runner`) warm-starts only when the run directory has no
+checkpoint of its own (a resumed run restores its own weights); freezing holds throughout
+(:func:`trainable_variables`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf.config import Config, ConfigError
+from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["resolve_module", "module_weights", "warm_start", "frozen_variables",
-           "initialize"]
+           "trainable_variables"]
 
 
 def resolve_module(model, path: str, key: str, source: str = "<config>"):
@@ -123,15 +125,15 @@ def warm_start(model, config: Config) -> List[str]:
 def _warm_start_one(model, config: Config, checkpoint: str, source: str,
                     target: str) -> List[str]:
     from deep_nmt_tf.models import build_model
-    from deep_nmt_tf.training.checkpoints import CONFIG_FILENAME, _load_saved_config
 
     src = config.source
     path = _checkpoint_path(checkpoint, src)
-    config_path = os.path.join(os.path.dirname(path), CONFIG_FILENAME)
-    if not tf.io.gfile.exists(config_path):
-        raise ConfigError(f"{src}: training.warm_start.checkpoint: {config_path} (the earlier "
-                          "run's model config) is missing")
-    source_model = build_model(_load_saved_config(config_path))
+    earlier = RunDir(os.path.dirname(path))
+    earlier_config = earlier.saved_config()
+    if earlier_config is None:
+        raise ConfigError(f"{src}: training.warm_start.checkpoint: {earlier.config_path} (the "
+                          "earlier run's model config) is missing")
+    source_model = build_model(earlier_config)
     source_module = resolve_module(source_model, source, "training.warm_start.source", src)
     target_module = resolve_module(model, target, "training.warm_start.target", src)
     index = {id(v): i for i, v in enumerate(source_model.variables)}
@@ -183,12 +185,9 @@ def frozen_variables(model, config: Config) -> List:
     return out
 
 
-def initialize(model, config: Config, model_dir: str) -> List:
-    """Warm-starts ``model`` (when configured and ``model_dir`` has no checkpoint yet) and
-    returns its trainable variables minus the frozen ones (the trainer's
+def trainable_variables(model, config: Config) -> List:
+    """The model's trainable variables minus the ``training.freeze`` ones (the trainer's
     ``trainable_variables``)."""
-    if config.training.warm_start.checkpoint and not tf.train.latest_checkpoint(model_dir):
-        warm_start(model, config)
     frozen = {id(v) for v in frozen_variables(model, config)}
     if frozen:
         logging.info("Frozen: %d variables (%s)", len(frozen), ", ".join(config.training.freeze))

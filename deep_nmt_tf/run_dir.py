@@ -1,0 +1,375 @@
+"""The run directory: its layout and its files (the one module that knows them).
+
+``MODEL_DIR/`` (``--model_dir`` of every tool) holds:
+
+- ``config.yaml``: the resolved config (every key, ``model.vocab_size`` filled in), written
+  before training starts and rewritten on resume;
+- ``run.json``: metadata: package and version that wrote the run, the vocabulary's file, size
+  and sha256, created and updated times (UTC);
+- ``vocab.txt``: the vocabulary learned from the training data (unless ``data.vocab`` names
+  another file);
+- ``data/``: the synthetic corpus (``data.corpus: synthetic``);
+- ``ckpt-N.*`` and ``checkpoint``: ``tf.train.CheckpointManager`` checkpoints (``N`` = step;
+  their contents: :mod:`deep_nmt_tf.checkpointing`);
+- ``train/`` and ``eval/``: TensorBoard event files;
+- ``exports/``: SavedModel versions (``exports/<version>/``, the default of
+  :func:`deep_nmt_tf.export.export_model_dir`);
+- ``averaged_checkpoints.txt``: in a directory written by checkpoint averaging, the averaged
+  checkpoints.
+
+:class:`RunDir` resolves every path against the directory as it was given (relative or
+absolute ``--model_dir`` alike).  Data paths of the saved config that point inside the run
+directory are stored relative to it (``vocab.txt``, ``data/train.src``) and other relative
+paths as absolute ones, so a run directory that is moved or read from another working
+directory keeps working; :meth:`RunDir.load_config` resolves them again.  Configs saved by
+older versions (paths relative to the working directory of the training run) still load.
+
+Resuming compares the ``model`` section of ``config.yaml`` with the new config: a changed model
+is a :class:`~deep_nmt_tf.config.ConfigError` naming the differing keys (the checkpoint would
+not fit, or would silently mean something else), and so is a vocabulary whose sha256 differs
+from the one in ``run.json``.  Other sections may change (e.g. a longer
+``training.train_steps``); the changes are logged and ``config.yaml`` is rewritten.
+
+This module imports TensorFlow only inside the functions that read checkpoints, so tools can
+validate a run directory before TensorFlow starts.
+
+Example:
+    >>> run = RunDir("runs/demo")
+    >>> run.config_path
+    'runs/demo/config.yaml'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import yaml
+from absl import logging
+
+from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to_dict,
+                                save_config)
+
+__all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "DATA_DIRNAME",
+           "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "AVERAGED_FILENAME",
+           "DATA_PATH_KEYS", "RunDir", "flatten", "config_differences", "file_sha256"]
+
+CONFIG_FILENAME = "config.yaml"
+METADATA_FILENAME = "run.json"
+VOCAB_FILENAME = "vocab.txt"
+DATA_DIRNAME = "data"
+TRAIN_LOGS = "train"
+EVAL_LOGS = "eval"
+EXPORTS_DIRNAME = "exports"
+AVERAGED_FILENAME = "averaged_checkpoints.txt"
+#: The ``data`` keys that hold file paths (stored relative to the run directory when inside it).
+DATA_PATH_KEYS = ("train_source", "train_target", "dev_source", "dev_target", "test_source",
+                  "test_target", "vocab")
+
+
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: Config, new: Config, section: Optional[str] = None) -> List[str]:
+    """Dotted keys (``model.d_model`` ...) whose values differ, optionally within one section."""
+    a = config_to_dict(old if section is None else getattr(old, section))
+    b = config_to_dict(new if section is None else getattr(new, section))
+    prefix = f"{section}." if section else ""
+    fa, fb = flatten(a, prefix), flatten(b, prefix)
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+
+
+def file_sha256(path: str) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+class RunDir:
+    """A run directory (module docstring): paths of its files, its config and metadata.
+
+    Args:
+      path: the directory (relative to the working directory, or absolute; need not exist
+        yet), or another :class:`RunDir`.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike, "RunDir"]):
+        self.path = path.path if isinstance(path, RunDir) else os.fspath(path)
+        if not self.path:
+            raise ValueError("empty run directory path")
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.path!r})"
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    # -- layout ----------------------------------------------------------------------------
+    def join(self, *parts: str) -> str:
+        """A path inside the run directory."""
+        return os.path.join(self.path, *parts)
+
+    @property
+    def config_path(self) -> str:
+        """``MODEL_DIR/config.yaml``."""
+        return self.join(CONFIG_FILENAME)
+
+    @property
+    def metadata_path(self) -> str:
+        """``MODEL_DIR/run.json``."""
+        return self.join(METADATA_FILENAME)
+
+    @property
+    def default_vocab_path(self) -> str:
+        """``MODEL_DIR/vocab.txt``: where a vocabulary learned for this run goes."""
+        return self.join(VOCAB_FILENAME)
+
+    @property
+    def data_dir(self) -> str:
+        """``MODEL_DIR/data``: the synthetic corpus."""
+        return self.join(DATA_DIRNAME)
+
+    @property
+    def export_dir(self) -> str:
+        """``MODEL_DIR/exports``: SavedModel versions."""
+        return self.join(EXPORTS_DIRNAME)
+
+    @property
+    def averaged_list_path(self) -> str:
+        """``MODEL_DIR/averaged_checkpoints.txt`` (checkpoint averaging output)."""
+        return self.join(AVERAGED_FILENAME)
+
+    def log_dir(self, name: str) -> str:
+        """``MODEL_DIR/<name>``: TensorBoard events (``TRAIN_LOGS``, ``EVAL_LOGS``)."""
+        return self.join(name)
+
+    def has_config(self) -> bool:
+        """Whether ``config.yaml`` exists (a run was started here)."""
+        return os.path.exists(self.config_path)
+
+    # -- paths in the saved config -----------------------------------------------------------
+    def _inside(self, path: str) -> bool:
+        root = os.path.abspath(self.path)
+        return os.path.abspath(path).startswith(root + os.sep)
+
+    def stored_path(self, path: str) -> str:
+        """How ``config.yaml`` records a data path: relative to the run directory when it lies
+        inside it, else absolute (URLs and empty paths unchanged)."""
+        if not path or _is_url(path) or _is_url(self.path):
+            return path
+        if self._inside(path):
+            return os.path.relpath(os.path.abspath(path), os.path.abspath(self.path))
+        return os.path.abspath(path)
+
+    def resolve_path(self, path: str) -> str:
+        """The file a data path of ``config.yaml`` means: relative paths are taken from the run
+        directory.  Configs of older versions stored paths relative to the working directory
+        of the training run: such a path is kept when only it exists, and when neither exists
+        the file of that name in ``MODEL_DIR/data`` is taken if there is one (a moved run)."""
+        if not path or _is_url(path) or os.path.isabs(path):
+            return path
+        inside = self.join(path)
+        if os.path.exists(inside):
+            return inside
+        if os.path.exists(path):
+            return path
+        moved = self.join(DATA_DIRNAME, os.path.basename(path))
+        return moved if os.path.exists(moved) else inside
+
+    def _map_data_paths(self, config: Config, fn) -> Config:
+        data = config.data
+        paths = {k: fn(getattr(data, k)) for k in DATA_PATH_KEYS}
+        return dataclasses.replace(config, data=dataclasses.replace(data, **paths))
+
+    # -- config --------------------------------------------------------------------------------
+    def saved_config(self, overrides: Sequence[str] = ()) -> Optional[Config]:
+        """The saved ``config.yaml`` with its data paths resolved (:meth:`resolve_path`) and
+        then ``overrides`` applied, or None for a new run directory.
+
+        Raises:
+          ConfigError: the file is no longer a valid config (e.g. written by an older version).
+        """
+        path = self.config_path
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        section = data.get("data")
+        if isinstance(section, dict):
+            for key in DATA_PATH_KEYS:
+                if isinstance(section.get(key), str):
+                    section[key] = self.resolve_path(section[key])
+        try:
+            return config_from_dict(data, source=path, overrides=overrides)
+        except ConfigError as e:
+            if overrides:
+                raise
+            raise ConfigError(f"{path}: the saved config of this model directory is no longer "
+                              f"valid ({e}); use a new --model_dir") from None
+
+    def load_config(self, overrides: Sequence[str] = ()) -> Config:
+        """:meth:`saved_config`, for a directory that must hold a run (translation, export).
+
+        Raises:
+          FileNotFoundError: no ``config.yaml``.
+        """
+        config = self.saved_config(overrides)
+        if config is None:
+            raise FileNotFoundError(f"{self.config_path}: not found; is {self.path!r} a model "
+                                    f"directory written by deep-nmt-train?")
+        return config
+
+    def check_config(self, config: Config) -> Optional[Config]:
+        """Checks ``config`` against the saved ``config.yaml``, if there is one.
+
+        ``model.vocab_size: 0`` (not yet read from the vocabulary) matches any saved size, so the
+        check can run before the data is prepared; run it again on the resolved config.
+
+        Returns:
+          The previously saved config, or None for a new run directory.
+
+        Raises:
+          ConfigError: the ``model`` section differs from the saved one (naming the keys, with
+            the old and new values).
+        """
+        previous = self.saved_config()
+        if previous is None:
+            return None
+        changed = config_differences(previous, config, "model")
+        if config.model.vocab_size == 0:
+            changed = [k for k in changed if k != "model.vocab_size"]
+        if changed:
+            old, new = flatten(config_to_dict(previous)), flatten(config_to_dict(config))
+            details = "; ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in changed)
+            raise ConfigError(
+                f"{config.source}: the model config differs from the one this model directory "
+                f"was trained with ({self.config_path}): {details}. Use a new --model_dir, or "
+                f"restore these keys.")
+        return previous
+
+    def save_config(self, config: Config, write: bool = True) -> Optional[Config]:
+        """Starts or resumes a run: :meth:`check_config`, the vocabulary against ``run.json``,
+        logs the other changed keys, then writes ``config.yaml`` and ``run.json``.
+
+        Args:
+          config: the resolved config of this run (data prepared).
+          write: whether this process writes (False on non-chief workers).
+
+        Returns:
+          The previously saved config, or None for a new run directory.
+
+        Raises:
+          ConfigError: a changed model, or a vocabulary that is not the one this run used.
+        """
+        previous = self.check_config(config)
+        self._check_vocab(config)
+        if previous is not None:
+            old_stored = self._map_data_paths(previous, self.stored_path)
+            new_stored = self._map_data_paths(config, self.stored_path)
+            old, new = flatten(config_to_dict(previous)), flatten(config_to_dict(config))
+            for k in config_differences(old_stored, new_stored):
+                logging.info("Config change on resume: %s: %r -> %r", k, old.get(k), new.get(k))
+        if write:
+            self.write_config(config)
+        return previous
+
+    def write_config(self, config: Config) -> None:
+        """Writes ``config.yaml`` (data paths as :meth:`stored_path`) and ``run.json``, without
+        checks (see :meth:`save_config`)."""
+        os.makedirs(self.path, exist_ok=True)
+        save_config(self._map_data_paths(config, self.stored_path), self.config_path)
+        self._write_metadata(config)
+
+    # -- vocabulary ------------------------------------------------------------------------------
+    def vocab_path(self, config: Config) -> str:
+        """The vocabulary file of this run: ``data.vocab`` if it exists (also tried inside the
+        run directory), else ``MODEL_DIR/vocab.txt``.
+
+        Raises:
+          FileNotFoundError: none of them exists.
+        """
+        candidates = []
+        if config.data.vocab:
+            candidates.append(config.data.vocab)
+            if not os.path.isabs(config.data.vocab):
+                candidates.append(self.join(config.data.vocab))
+        candidates.append(self.default_vocab_path)
+        for path in candidates:
+            if os.path.exists(path):
+                return path
+        raise FileNotFoundError(f"no vocabulary for {self.path}: tried {', '.join(candidates)}")
+
+    def _vocab_record(self, config: Config) -> Optional[Dict[str, Any]]:
+        path = config.data.vocab
+        if not path or not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            size = sum(1 for _ in f)
+        return {"file": self.stored_path(path), "size": size, "sha256": file_sha256(path)}
+
+    def _check_vocab(self, config: Config) -> None:
+        recorded = (self.metadata().get("vocab") or {}).get("sha256")
+        current = self._vocab_record(config)
+        if recorded and current and current["sha256"] != recorded:
+            raise ConfigError(
+                f"{config.source}: data.vocab: {config.data.vocab} is not the vocabulary this "
+                f"model directory was trained with (sha256 {current['sha256'][:12]}... != "
+                f"{recorded[:12]}... in {self.metadata_path}). Use a new --model_dir, or "
+                f"restore the vocabulary.")
+
+    # -- metadata ----------------------------------------------------------------------------------
+    def metadata(self) -> Dict[str, Any]:
+        """The contents of ``run.json`` ({} if there is none)."""
+        if not os.path.exists(self.metadata_path):
+            return {}
+        with open(self.metadata_path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def _write_metadata(self, config: Config) -> None:
+        from deep_nmt_tf import __version__
+
+        now = _now()
+        meta = {"package": "deep_nmt_tf", "version": __version__,
+                "created": self.metadata().get("created", now), "updated": now,
+                "vocab": self._vocab_record(config)}
+        tmp = self.metadata_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, self.metadata_path)
+
+    # -- checkpoints (TensorFlow) -----------------------------------------------------------------
+    def latest_checkpoint(self) -> Optional[str]:
+        """The newest checkpoint (``MODEL_DIR/ckpt-N``), or None."""
+        from deep_nmt_tf.checkpointing import latest_checkpoint
+
+        return latest_checkpoint(self.path)
+
+    def list_checkpoints(self) -> List[str]:
+        """Every checkpoint of the run, oldest first."""
+        from deep_nmt_tf.checkpointing import list_checkpoints
+
+        return list_checkpoints(self.path)
