@@ -62,6 +62,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf import compat
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.training import checkpoints as ckpt_lib
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
@@ -485,7 +486,7 @@ class Trainer:
         if self.checkpoint_iterator:
             restored = self._restored_iterator(make) if position else None
             iterator = make() if restored is None else restored
-            if isinstance(iterator, tf.__internal__.tracking.Trackable):
+            if compat.is_trackable(iterator):
                 if position and restored is None:
                     logging.info("Re-reading the %d training micro-batches consumed before "
                                  "the checkpoint", position)
