@@ -4,10 +4,11 @@ import ast
 import glob
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from test_training_helpers import run_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,8 +62,7 @@ def test_readme_quick_start_has_two_commands_and_ci_runs_the_second():
 
 
 def test_train_tool_documents_its_flags():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "--helpfull"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_tool("train", "--helpfull")
     assert out.returncode in (0, 1), out.stderr[-2000:]  # absl exits 1 after --helpfull
     for flag in ("--config", "--model_dir", "--override", "--strategy"):
         assert flag in out.stdout
