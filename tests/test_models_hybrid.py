@@ -170,10 +170,7 @@ HYBRID_CONFIGS = {"hybrid_transformer_enc_rnmt_dec.yaml": "transformer_rnmt",
 
 @pytest.mark.parametrize("name", sorted(HYBRID_CONFIGS))
 def test_shipped_hybrid_configs_resolve(name):
-    path = os.path.join(ROOT, "configs", name)
-    if not os.path.exists(path):
-        pytest.skip(f"{name} not written yet")
-    cfg = load_config(path)
+    cfg = load_config(os.path.join(ROOT, "configs", name))
     assert cfg.model.architecture == HYBRID_CONFIGS[name]
 
 
