@@ -82,10 +82,13 @@ BASE_OVERRIDES = ["model.vocab_size=8000", "model.d_model=512", "model.ffn_dim=2
                   "training.schedule=constant", "training.warmup_steps=0",
                   "training.label_smoothing=0.1", "training.adam_beta2=0.98"]
 BATCH, SRC_LEN, TGT_LEN, VOCAB = 64, 32, 32, 8000
+DEFAULT_CONFIGS = ("small", "base", "deep")
 
 define_flags([
     (flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure."),
-    (flags.DEFINE_list, "config", ["small", "base", "deep"], "Presets or YAML files."),
+    # A string, not a list flag: deep-nmt-train's --config (a string) may share it in-process.
+    (flags.DEFINE_string, "config", None, "Presets or YAML files, comma-separated (default: "
+                                          f"{','.join(DEFAULT_CONFIGS)})."),
     (flags.DEFINE_multi_string, "override", [],
      "Config overrides KEY=VALUE applied to each config."),
     (flags.DEFINE_integer, "steps", 5, "Timed training steps per repeat."),
@@ -96,6 +99,12 @@ define_flags([
     (flags.DEFINE_string, "output", None, "Also append the JSON results to this file."),
     (flags.DEFINE_bool, "child", False, "Internal: run one configuration in this process."),
 ])
+
+
+def _configs():
+    """The ``--config`` names (presets or files)."""
+    names = [n.strip() for n in (FLAGS.config or ",".join(DEFAULT_CONFIGS)).split(",")]
+    return [n for n in names if n]
 
 
 def _config_overrides(name):
@@ -364,7 +373,7 @@ def main(argv):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if FLAGS.mode == "decode":
         results = []
-        for name in FLAGS.config:
+        for name in _configs():
             result = benchmark_decode(config=name, modes=("greedy", "beam4"),
                                       paths=("translator", "saved_model"),
                                       repeats=FLAGS.repeats, jit_compile=FLAGS.jit_compile,
@@ -375,9 +384,9 @@ def main(argv):
         _append_json(results)
         return
     if FLAGS.child:
-        print(json.dumps(_train_child(FLAGS.config[0])), flush=True)
+        print(json.dumps(_train_child(_configs()[0])), flush=True)
         return
-    results = _run_children(FLAGS.config)
+    results = _run_children(_configs())
     print(json.dumps(results))
     _append_json(results)
 
