@@ -100,6 +100,7 @@ MIRRORED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_grad_norm_ratio_under_mirrored_strategy_and_accumulation(tmp_path):
     """Per replica (and per micro-batch) squared norms, summed across replicas: the ratio of
     the global batch, as on one device."""
@@ -254,6 +255,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Even though the `tf.config.experimental_run_functions")
 def test_deep_post_norm_ratio_is_far_below_transparent_attention_and_dlcl(tmp_path):
     """r_t of a 20-layer post-norm encoder is far below the same encoder's with transparent

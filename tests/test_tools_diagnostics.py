@@ -12,6 +12,9 @@ from test_training_helpers import run_tool
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
+# Every test needs the module's trained run directory (about 27 s on 2 busy cores).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

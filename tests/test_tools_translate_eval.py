@@ -107,6 +107,7 @@ def test_translate_file_keeps_input_order_and_blank_lines(translator, tmp_path):
     assert float(rows[0][2]) >= float(rows[1][2])
 
 
+@pytest.mark.slow
 def test_translate_cli_reads_stdin(translator):
     sources = _test_split(translator)[:5]
     model_dir = os.path.dirname(translator.checkpoint_path)

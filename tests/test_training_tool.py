@@ -6,6 +6,7 @@ import logging
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import yaml
 
@@ -61,6 +62,7 @@ def test_config_errors_exit_2_before_any_work(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_tool_then_exact_resume_in_process(tmp_path):
     config_path = _write_config(tmp_path)
     model_dir = str(tmp_path / "run")
