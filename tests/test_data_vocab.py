@@ -222,13 +222,13 @@ def build_vocab_tool():
     from absl import flags
 
     before = set(flags.FLAGS)
-    sys.modules.pop("tools.build_vocab", None)
-    tool = importlib.import_module("tools.build_vocab")
+    sys.modules.pop("deep_nmt_tf.tools.build_vocab", None)
+    tool = importlib.import_module("deep_nmt_tf.tools.build_vocab")
     yield tool
     flags.FLAGS.unparse_flags()
     for name in set(flags.FLAGS) - before:
         delattr(flags.FLAGS, name)
-    sys.modules.pop("tools.build_vocab", None)
+    sys.modules.pop("deep_nmt_tf.tools.build_vocab", None)
 
 
 def _run_tool(tool, *args):

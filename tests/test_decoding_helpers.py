@@ -3,15 +3,10 @@
 ``trained_model_dir(tmp_path_factory)`` trains a tiny Transformer for a few steps on a small
 synthetic corpus with the real :class:`deep_nmt_tf.training.Trainer` and returns the model
 directory (``config.yaml``, ``vocab.txt``, ``data/``, checkpoints ``ckpt-8/16/24``).  It is
-built once per test session (cached under the session's base temporary directory).  If the
-trainer is not usable (it is developed in parallel), the same layout is produced with a minimal
-training loop instead, and a warning says so.
+built once per test session (cached under the session's base temporary directory).
 """
 
 import os
-import subprocess
-import sys
-import warnings
 
 import numpy as np
 
@@ -38,82 +33,19 @@ def tiny_config():
     return config_from_dict(TINY, source="<tiny test config>")
 
 
-def _train_with_trainer(model_dir):
+def trained_model_dir(tmp_path_factory) -> str:
+    """Path of the session's tiny trained model directory (built on first use by the real
+    :class:`deep_nmt_tf.training.Trainer`; a failing trainer fails the tests that need it)."""
     from deep_nmt_tf.training import Trainer
 
-    Trainer(tiny_config(), model_dir).train()
-
-
-def _train_fallback(model_dir):
-    """The trainer's layout without the trainer: config.yaml, vocab, model checkpoints."""
-    import keras
-    import tensorflow as tf
-
-    from deep_nmt_tf.config import save_config
-    from deep_nmt_tf.data.pipeline import make_train_dataset, prepare_data
-    from deep_nmt_tf.data.vocab import Tokenizer
-    from deep_nmt_tf.models import build_model
-
-    keras.utils.set_random_seed(42)
-    config = prepare_data(tiny_config(), model_dir)
-    save_config(config, os.path.join(model_dir, "config.yaml"))
-    tokenizer = Tokenizer(config.data.vocab, lowercase=config.data.lowercase)
-    model = build_model(config)
-    optimizer = keras.optimizers.Adam(3e-3)
-    step = tf.Variable(0, dtype=tf.int64)
-    from deep_nmt_tf.checkpointing import model_trackable
-
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(model=model_trackable(model), step=step), model_dir, max_to_keep=5,
-        step_counter=step)
-
-    @tf.function
-    def train_step(batch):
-        with tf.GradientTape() as tape:
-            logits = model(batch, training=True)
-            labels = batch["target_output_ids"]
-            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
-            mask = tf.cast(labels != 0, tf.float32)
-            loss = tf.reduce_sum(loss * mask) / tf.reduce_sum(mask)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    for batch in make_train_dataset(config, tokenizer).take(STEPS[-1]):
-        train_step(batch)
-        step.assign_add(1)
-        if int(step.numpy()) in STEPS:
-            manager.save(checkpoint_number=int(step.numpy()))
-
-
-def trained_model_dir(tmp_path_factory) -> str:
-    """Path of the session's tiny trained model directory (built on first use)."""
     model_dir = str(tmp_path_factory.getbasetemp() / "deep_nmt_trained_model")
     ready = os.path.join(model_dir, "READY")
     if os.path.exists(ready):
         return model_dir
-    try:
-        _train_with_trainer(model_dir)
-        how = "trainer"
-    except Exception as e:  # noqa: BLE001 - the trainer is developed in parallel.
-        warnings.warn(f"deep_nmt_tf.training.Trainer unusable ({type(e).__name__}: {e}); "
-                      "building the test model directory with a minimal training loop")
-        import shutil
-
-        shutil.rmtree(model_dir, ignore_errors=True)
-        os.makedirs(model_dir)
-        _train_fallback(model_dir)
-        how = "fallback"
+    Trainer(tiny_config(), model_dir).train()
     with open(ready, "w") as f:
-        f.write(how + "\n")
+        f.write("trainer\n")
     return model_dir
-
-
-def run_python(code: str, timeout: int = 300, env=None) -> subprocess.CompletedProcess:
-    """Runs ``python -c code`` in a fresh process (repo root as cwd); returns the result."""
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_trained_model_dir_layout(tmp_path_factory):

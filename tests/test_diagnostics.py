@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from deep_nmt_tf.analysis import events, probe
 from deep_nmt_tf.training import diagnostics
 from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class,
                                    run_python, tiny_config)
@@ -62,7 +63,7 @@ def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path)
     # test_training_trainer.py.)
 
     # TensorBoard has the ratio and both norms at steps 3 and 6.
-    run = diagnostics.read_run(trainer.model_dir, ("train",))
+    run = events.read_run(trainer.model_dir, ("train",))
     for key in diagnostics.RATIO_KEYS:
         steps, values = run.scalar(key, ("train",))
         assert list(steps) == [3, 6]
@@ -99,6 +100,7 @@ MIRRORED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_grad_norm_ratio_under_mirrored_strategy_and_accumulation(tmp_path):
     """Per replica (and per micro-batch) squared norms, summed across replicas: the ratio of
     the global batch, as on one device."""
@@ -145,7 +147,7 @@ def test_weight_images_are_written_and_read_back(tmp_path):
     tags = diagnostics.write_weight_images(writer, 7, model)
     assert tags == ["weights/decoder_dlcl", "weights/encoder_dlcl",
                     "weights/transparent_attention"]
-    run = diagnostics.read_run(str(tmp_path))
+    run = events.read_run(str(tmp_path))
     matrices = diagnostics.weight_matrices(model)
     for tag in tags:
         step, png, description = run.images[("train", tag)]
@@ -175,7 +177,7 @@ def test_trainer_writes_weight_images_and_gate_scalars(tmp_path):
     trainer = cls(tiny_config(deep, train_steps=4, log_every=2, diagnostics_every=2),
                   str(tmp_path / "run"))
     trainer.train()
-    run = diagnostics.read_run(trainer.model_dir)
+    run = events.read_run(trainer.model_dir)
     images = {tag for sub, tag in run.images if sub == "train"}
     assert {"weights/transparent_attention", "weights/encoder_dlcl"} <= images, images
     assert run.images[("train", "weights/encoder_dlcl")][0] == 4
@@ -201,7 +203,7 @@ def test_decoder_layer_states_match_the_decoder_and_cosines_are_in_range():
                                                lexical_shortcuts={"enabled": True,
                                                                   "placement": "both"}))),
                   _deep_model(dlcl={})):
-        states = diagnostics.layer_states(model, batch["source_ids"], batch["target_input_ids"])
+        states = probe.layer_states(model, batch["source_ids"], batch["target_input_ids"])
         assert len(states["encoder"]) == model.model_config.encoder.get().num_layers + 1
         assert len(states["decoder"]) == model.model_config.decoder.get().num_layers + 1
         # The replayed decoder is the decoder: its top state gives the model's logits.
@@ -210,10 +212,10 @@ def test_decoder_layer_states_match_the_decoder_and_cosines_are_in_range():
         np.testing.assert_allclose(model.decoder.output_logits(states["decoder"][-1]), logits,
                                    atol=1e-5)
 
-        probe = diagnostics.CosineProbe(model)
-        probe.update(batch)
-        probe.update(batch)
-        result = probe.result()
+        cosine = probe.CosineProbe(model)
+        cosine.update(batch)
+        cosine.update(batch)
+        result = cosine.result()
         for stack in ("encoder", "decoder"):
             values = np.array(result[stack])
             assert values.shape == (len(states[stack]),)
@@ -222,7 +224,7 @@ def test_decoder_layer_states_match_the_decoder_and_cosines_are_in_range():
             # Against numpy on the masked positions.
             ids = batch["source_ids" if stack == "encoder" else "target_input_ids"].numpy()
             mask = ids != 0
-            assert probe.tokens[stack] == 2 * mask.sum()
+            assert cosine.tokens[stack] == 2 * mask.sum()
             y0 = states[stack][0].numpy()[mask]
             for layer, state in enumerate(states[stack]):
                 y = state.numpy()[mask]
@@ -256,6 +258,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Even though the `tf.config.experimental_run_functions")
 def test_deep_post_norm_ratio_is_far_below_transparent_attention_and_dlcl(tmp_path):
     """r_t of a 20-layer post-norm encoder is far below the same encoder's with transparent

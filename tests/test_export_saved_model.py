@@ -12,6 +12,9 @@ import tensorflow as tf
 from deep_nmt_tf.export import Translator, export_saved_model, next_version
 from test_decoding_helpers import trained_model_dir
 
+# Every test needs the module's exported model (training and export: about 30 s on 2 busy cores).
+pytestmark = pytest.mark.slow
+
 BAD_INPUTS = ["", "   ", "\t \u3000 ", " ".join(["word"] * 400), "😀 <s> </s> <pad> [UNK] ##",
               "a\x00b", "\u200b"]
 

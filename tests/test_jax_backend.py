@@ -46,6 +46,7 @@ def test_backend_agnostic_test_files_do_not_import_tensorflow():
     assert not offenders, offenders
 
 
+@pytest.mark.slow
 def test_layer_and_model_tests_pass_on_jax():
     pytest.importorskip("jax")
     files = _pure_keras_test_files()

@@ -8,7 +8,7 @@ from keras import ops
 
 from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
 from deep_nmt_tf.layers.lstm import LayerNormLSTMCell
-from tests.keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, to_numpy
 
 B, T, S, DQ, DM, H, A = 3, 4, 6, 5, 7, 4, 16
 LENGTHS = [S, 4, 1]

@@ -11,7 +11,7 @@ from keras import ops
 
 from deep_nmt_tf.layers.lstm import (BidirectionalLayerNormLSTM, LayerNormLSTM,
                                      LayerNormLSTMCell, reverse_sequence, sequence_lengths)
-from tests.keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, to_numpy
 
 B, T, D, U = 3, 6, 5, 4
 

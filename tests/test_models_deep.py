@@ -380,6 +380,7 @@ def _count(config, *overrides, shortcut_params=False):
     return (total, extra) if shortcut_params else total
 
 
+@pytest.mark.slow
 def test_lexical_shortcut_parameter_counts_match_emelin_table5():
     """Emelin et al. Table 5 (thousands): base 65,166 -> shortcuts 71,470 -> feature fusion
     84,053; big 218,413 -> feature fusion 293,935.  Their encoder, decoder and softmax share
@@ -399,6 +400,7 @@ def test_lexical_shortcut_parameter_counts_match_emelin_table5():
     assert [round((big_fusion - extra) / 1000), round(big_fusion / 1000)] == [218413, 293935]
 
 
+@pytest.mark.slow
 def test_deep_encoder_parameter_counts_match_wang_table1():
     """Wang et al. Table 1: 62M (6L), 106M (pre-norm 20L), 121M (post-norm DLCL 25L), 137M
     (pre-norm DLCL 30L).  One shared source/target/softmax embedding (fairseq

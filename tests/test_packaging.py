@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from test_training_helpers import run_tool
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -65,8 +67,24 @@ def test_readme_quick_start_has_two_commands_and_ci_runs_the_second():
 
 
 def test_train_tool_documents_its_flags():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "train.py"), "--helpfull"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_tool("train", "--helpfull")
     assert out.returncode in (0, 1), out.stderr[-2000:]  # absl exits 1 after --helpfull
     for flag in ("--config", "--model_dir", "--override", "--strategy"):
         assert flag in out.stdout
+
+
+def test_every_tool_imports_with_the_others_in_one_process(tmp_path):
+    """The tools share absl's FLAGS (deep_nmt_tf.cli.define_flags): all of them import into one
+    process, as installed (``deep_nmt_tf.tools``, from outside the source tree), without
+    importing TensorFlow."""
+    tools = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(ROOT, "tools", "*.py"))
+                   if not p.endswith("__init__.py"))
+    code = ("import importlib, sys\n"
+            f"for name in {tools!r}:\n"
+            "    assert callable(importlib.import_module('deep_nmt_tf.tools.' + name).run)\n"
+            "assert 'tensorflow' not in sys.modules, 'a tool imports TensorFlow at import time'\n"
+            "print('imported', len(sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "imported" in proc.stdout

@@ -1,15 +1,19 @@
-"""tools/plot_diagnostics.py and tools/probe_layers.py on a tiny real run directory."""
+"""The diagnostic figures and the layer probe (deep_nmt_tf.analysis) and their tools
+deep-nmt-plot-diagnostics and deep-nmt-probe-layers, on a tiny real run directory."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from test_training_helpers import run_tool
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+# Every test needs the module's trained run directory (about 27 s on 2 busy cores).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def run_dir(tmp_path_factory):
 def test_plot_diagnostics_writes_the_papers_figures(run_dir, tmp_path):
     import PIL.Image
 
-    from tools.plot_diagnostics import dlcl_display_mask, plot_runs, smooth
+    from deep_nmt_tf.analysis.figures import dlcl_display_mask, plot_runs, smooth
 
     out = str(tmp_path / "plots")
     notes = []
@@ -59,8 +63,8 @@ def test_plot_diagnostics_writes_the_papers_figures(run_dir, tmp_path):
     assert not notes
     # The DLCL matrix from the summaries equals the one from the checkpoint (logged at the
     # last step, which is also the last checkpoint).
-    from tools.plot_diagnostics import dlcl_from_summary, weights_from_checkpoint
-    from deep_nmt_tf.training.diagnostics import read_run
+    from deep_nmt_tf.analysis.events import read_run
+    from deep_nmt_tf.analysis.figures import dlcl_from_summary, weights_from_checkpoint
 
     from_ckpt = weights_from_checkpoint(run_dir)
     from_summary = dlcl_from_summary(read_run(run_dir))
@@ -85,24 +89,19 @@ def test_plot_diagnostics_writes_the_papers_figures(run_dir, tmp_path):
 
 def test_plot_diagnostics_command_line(run_dir, tmp_path):
     out = str(tmp_path / "cli")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.plot_diagnostics", f"--run_dirs={run_dir}",
-         f"--output_dir={out}", "--figures=grad_norm_ratio,gates", "--smoothing=0.5"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    proc = run_tool("plot_diagnostics", f"--run_dirs={run_dir}", f"--output_dir={out}",
+                    "--figures=grad_norm_ratio,gates", "--smoothing=0.5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = proc.stdout.split()
     assert [os.path.basename(p) for p in printed] == [
         "grad_norm_ratio.png", "grad_norms.png", f"{os.path.basename(run_dir)}_gates.png"]
     assert all(os.path.exists(p) for p in printed)
-    bad = subprocess.run([sys.executable, "-m", "tools.plot_diagnostics", "--run_dirs=",
-                          "--figures=nope"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    bad = run_tool("plot_diagnostics", "--run_dirs=", "--figures=nope")
     assert bad.returncode != 0
 
 
 def test_probe_layers_output_shape_and_range(run_dir, tmp_path, capsys):
-    from tools.probe_layers import probe_models
+    from deep_nmt_tf.tools.probe_layers import probe_models
 
     out = str(tmp_path / "probe")
     data = os.path.join(run_dir, "data")
@@ -128,7 +127,7 @@ def test_probe_layers_output_shape_and_range(run_dir, tmp_path, capsys):
     np.testing.assert_allclose(saved["m1"]["encoder"], saved["m2"]["encoder"], rtol=1e-6)
     np.testing.assert_allclose(saved["m1"]["decoder"], results["m1"]["decoder"], rtol=1e-6)
     # Default data: the model's test set.
-    from tools.probe_layers import probe_model
+    from deep_nmt_tf.analysis.probe import probe_model
 
     default = probe_model(run_dir, max_sentences=4)
     assert default["source"].endswith("test.src") and default["sentences"] == 4

@@ -1,15 +1,15 @@
-"""tools/translate.py, tools/evaluate.py and tools/average_checkpoints.py."""
+"""deep-nmt-translate, deep-nmt-evaluate and deep-nmt-average-checkpoints (tools/translate.py,
+tools/evaluate.py, tools/average_checkpoints.py), imported as ``deep_nmt_tf.tools``."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import sacrebleu
 
 from deep_nmt_tf.decoding.scoring import checkpoint_window, corpus_scores, mean_std
-from test_decoding_helpers import ROOT, STEPS, trained_model_dir
+from test_decoding_helpers import STEPS, trained_model_dir
+from test_training_helpers import run_tool
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -36,7 +36,7 @@ def _write(path, lines):
 def test_evaluator_reproduces_sacrebleu_on_fixed_files(tmp_path):
     hyp = _write(tmp_path / "hyp.txt", HYPOTHESES)
     ref = _write(tmp_path / "ref.txt", REFERENCES)
-    from tools.evaluate import format_scores, score_files
+    from deep_nmt_tf.tools.evaluate import format_scores, score_files
 
     scores = score_files(hyp, ref)
     assert scores["bleu"] == pytest.approx(
@@ -51,9 +51,7 @@ def test_evaluator_reproduces_sacrebleu_on_fixed_files(tmp_path):
     text = format_scores(scores)
     assert f"BLEU = {scores['bleu']:.2f} (nrefs:1" in text
     # The command line prints the same (and needs no model for --hypotheses).
-    proc = subprocess.run([sys.executable, "-m", "tools.evaluate", f"--hypotheses={hyp}",
-                           f"--reference={ref}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    proc = run_tool("evaluate", f"--hypotheses={hyp}", f"--reference={ref}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert text in proc.stdout
     with pytest.raises(ValueError):
@@ -87,7 +85,7 @@ def _test_split(translator):
 
 
 def test_translate_file_keeps_input_order_and_blank_lines(translator, tmp_path):
-    from tools.translate import read_lines, translate_file
+    from deep_nmt_tf.tools.translate import read_lines, translate_file
 
     sources = _test_split(translator)
     lines = sources[:6] + ["", sources[0], "   "] + sources[6:]
@@ -109,13 +107,12 @@ def test_translate_file_keeps_input_order_and_blank_lines(translator, tmp_path):
     assert float(rows[0][2]) >= float(rows[1][2])
 
 
+@pytest.mark.slow
 def test_translate_cli_reads_stdin(translator):
     sources = _test_split(translator)[:5]
     model_dir = os.path.dirname(translator.checkpoint_path)
-    proc = subprocess.run([sys.executable, "-m", "tools.translate", f"--model_dir={model_dir}",
-                           "--beam_size=2", "--length_penalty=1.0", "--nojit_compile"],
-                          input="\n".join(sources) + "\n", cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    proc = run_tool("translate", f"--model_dir={model_dir}", "--beam_size=2",
+                    "--length_penalty=1.0", "--nojit_compile", input="\n".join(sources) + "\n")
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = [h[0].text for h in translator.translate(sources, beam_size=2,
                                                         length_penalty=1.0)]
@@ -125,7 +122,7 @@ def test_translate_cli_reads_stdin(translator):
 
 def test_evaluate_and_checkpoint_window(translator):
     from deep_nmt_tf.checkpointing import list_checkpoints
-    from tools.evaluate import evaluate_translator, evaluate_window
+    from deep_nmt_tf.tools.evaluate import evaluate_translator, evaluate_window
 
     data = translator.config.data
     scores = evaluate_translator(translator, data.test_source, data.test_target)

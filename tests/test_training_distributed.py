@@ -6,6 +6,8 @@ checks run in a fresh Python process (independent of test order).
 
 import textwrap
 
+import pytest
+
 from test_training_helpers import run_python
 
 SCRIPT = textwrap.dedent("""
@@ -93,6 +95,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_default(tmp_path):
     proc = run_python(SCRIPT.format(tmp=str(tmp_path)))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-5000:]

@@ -142,6 +142,19 @@ def run_python(code, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_tool(name, *args, input=None, timeout=300, cwd=None):
+    """Runs ``python -m deep_nmt_tf.tools.<name> *args`` in a fresh process, the way an installed
+    package runs: from outside the source tree (``cwd``: the temporary directory by default), so
+    that ``deep_nmt_tf`` and its ``tools`` are the installed ones (editable or not)."""
+    import subprocess
+    import tempfile
+
+    return subprocess.run([sys.executable, "-m", f"deep_nmt_tf.tools.{name}", *args],
+                          cwd=cwd or tempfile.gettempdir(), input=input, capture_output=True,
+                          text=True, timeout=timeout,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
 def test_split_batch_keeps_rows():
     batch = make_batches(1, batch_size=5)[0]
     pieces = split_batch(batch, 2)

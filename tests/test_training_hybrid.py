@@ -52,6 +52,7 @@ def source_run(tmp_path_factory):
     return model_dir, trainer
 
 
+@pytest.mark.slow
 def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_path,
                                                                            source_run):
     source_dir, source = source_run
@@ -127,6 +128,7 @@ def test_bad_warm_start_or_freeze_paths_name_the_key(tmp_path, training, key):
         make_trainer_class()(cfg, str(tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
     """The YAML path end to end: the RNMT+ demo config switched to the multi-column hybrid
     trains on the synthetic demo corpus (loss falling), beam-searches, and the exported

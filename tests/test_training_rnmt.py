@@ -125,6 +125,7 @@ def test_adaptive_clipping_transform_from_config():
         _rnmt_config(adaptive_clipping={"enabled": True, "decay": 1.0})
 
 
+@pytest.mark.slow
 def test_adaptive_clipping_skips_an_injected_outlier_in_the_trainer(tmp_path):
     """With adaptive clipping on, a 1000x loss (gradient) spike is skipped and leaves the
     weights alone; the ordinary steps are applied; the skip is counted and logged."""
@@ -221,6 +222,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_rnmt_trains_on_demo_corpus_under_mirrored_strategy_and_exports(tmp_path):
     script = TRAIN_SCRIPT.format(steps=30, model_dir=str(tmp_path / "run"),
                                  export_dir=str(tmp_path / "export"))

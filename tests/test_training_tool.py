@@ -1,14 +1,16 @@
-"""tools/train.py end to end on the real data pipeline (synthetic corpus) and model."""
+"""deep-nmt-train (tools/train.py) end to end on the real data pipeline (synthetic corpus) and
+model, run as ``python -m deep_nmt_tf.tools.train``."""
 
 import contextlib
 import logging
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import yaml
 
-from test_training_helpers import run_python, weights
+from test_training_helpers import run_tool, weights
 
 _STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
 TINY = {
@@ -24,9 +26,6 @@ TINY = {
                  "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 4, "seed": 3},
     "decoding": {"batch_size": 4, "max_length_a": 1.0, "max_length_b": 2},
 }
-
-TRAIN = "import sys; from tools import train; sys.argv = ['train'] + {argv!r}; train.run()"
-
 
 @contextlib.contextmanager
 def _captured_logs():
@@ -53,25 +52,26 @@ def _write_config(tmp_path, data=TINY):
 def test_config_errors_exit_2_before_any_work(tmp_path):
     config = _write_config(tmp_path)
     model_dir = str(tmp_path / "run")
-    proc = run_python(TRAIN.format(argv=[f"--config={config}", f"--model_dir={model_dir}",
-                                         "--override=model.encoder.transformer.num_heads=3"]))
+    proc = run_tool("train", f"--config={config}", f"--model_dir={model_dir}",
+                    "--override=model.encoder.transformer.num_heads=3")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert ("--override: model.encoder.transformer.num_heads: 3 does not divide "
             "model.d_model=16") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not os.path.exists(model_dir)
     bad = dict(TINY, data={"corpus": "files"})
-    proc = run_python(TRAIN.format(argv=[f"--config={_write_config(tmp_path, bad)}",
-                                         f"--model_dir={model_dir}"]))
+    proc = run_tool("train", f"--config={_write_config(tmp_path, bad)}",
+                    f"--model_dir={model_dir}")
     assert proc.returncode == 2 and "data.train_source: required" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_train_tool_then_exact_resume_in_process(tmp_path):
     config_path = _write_config(tmp_path)
     model_dir = str(tmp_path / "run")
-    proc = run_python(TRAIN.format(argv=[f"--config={config_path}", f"--model_dir={model_dir}",
-                                         "--checkpoint_data_iterator"]))
+    proc = run_tool("train", f"--config={config_path}", f"--model_dir={model_dir}",
+                    "--checkpoint_data_iterator")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "step 4/4: loss" in proc.stderr and "eval at step 4:" in proc.stderr
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-4")

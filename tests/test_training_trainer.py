@@ -196,6 +196,7 @@ def test_jit_compile_gives_the_same_steps(tmp_path):
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly(tmp_path):
     """SIGKILL after step 6 (last checkpoint: 4), resume to 8 == uninterrupted 8 steps."""
     config = "tiny_config(train_steps=8, checkpoint_every=4, gradient_accumulation_steps=2)"
@@ -238,6 +239,7 @@ def test_changed_model_config_is_refused(tmp_path):
     assert saved.training.schedule.get().learning_rate == 1e-3
 
 
+@pytest.mark.slow
 def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):
     deep = dict(NO_DROPOUT, encoder_layers=2, transparent_attention={"enabled": True},
                 dlcl={"decoder": True}, lexical_shortcuts={"enabled": True})

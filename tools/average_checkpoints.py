@@ -16,23 +16,17 @@ from typing import Sequence
 
 from absl import app, flags
 
+from deep_nmt_tf.cli import define_flags
+
 FLAGS = flags.FLAGS
 
-
-def _define_flags():
-    definitions = [
-        (flags.DEFINE_string, "model_dir", None, "Model directory with the checkpoints."),
-        (flags.DEFINE_integer, "last", 5, "Average this many newest checkpoints."),
-        (flags.DEFINE_list, "checkpoints", [], "Explicit checkpoint prefixes (instead of "
-                                               "--last)."),
-        (flags.DEFINE_string, "output", None, "Output model directory."),
-    ]
-    for define, name, default, help_text in definitions:
-        if name not in FLAGS:
-            define(name, default, help_text)
-
-
-_define_flags()
+define_flags([
+    (flags.DEFINE_string, "model_dir", None, "Model directory with the checkpoints."),
+    (flags.DEFINE_integer, "last", 5, "Average this many newest checkpoints."),
+    (flags.DEFINE_list, "checkpoints", [], "Explicit checkpoint prefixes (instead of "
+                                           "--last)."),
+    (flags.DEFINE_string, "output", None, "Output model directory."),
+])
 
 
 def main(argv: Sequence[str]) -> None:

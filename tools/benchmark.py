@@ -6,19 +6,35 @@ warm-up, at the shapes of the peer harness in ``shared/bench/peers`` (batch 64 s
 source and target length 32, vocabulary 8000), and the process's peak resident memory.  Each
 configuration runs in its own process so peak memory is its own::
 
-    python tools/benchmark.py --mode=train --config=small,base,deep
-    python tools/benchmark.py --mode=train --config=deep,deep_dlcl --repeats=5
-    python tools/benchmark.py --mode=train --config=configs/dlcl_pre_30l.yaml \
+    deep-nmt-benchmark --mode=train --config=small,base,deep
+    deep-nmt-benchmark --mode=train --config=deep,deep_dlcl --repeats=5
+    deep-nmt-benchmark --mode=train --config=configs/dlcl_pre_30l.yaml \
         --override=model.decoder.transformer.num_layers=6
 
 ``--config`` takes preset names (below) or YAML config files, comma-separated; each prints one
 JSON line, and the last line is a JSON list of all of them.
 
-Decoding (``--mode=decode``): generated tokens/s for greedy and beam 4 (batch 32, source 32,
-exactly 32 generated tokens), in-process and through the exported SavedModel, random weights;
-see :mod:`deep_nmt_tf.export.benchmark`.  XLA is on for decoding unless ``--nojit_compile``::
+Decoding (``--mode=decode``, :func:`benchmark_decode`): generated tokens/s of greedy and beam
+search with random weights, at the shapes and conventions of the peer benchmarks
+(``shared/bench/peers``, ``benchcommon.py``): a Transformer of the ``--config`` size (``small``,
+``base``: d_model 512, ffn 2048, 8 heads, 6 + 6 post-norm layers, or ``deep``), shared
+source/target/softmax embedding, vocabulary 8000; batch 32, source length 32 (31 random tokens
+and ``</s>``), exactly 32 generated tokens per hypothesis (``</s>`` is banned until then:
+``min_length = max_length = 32``), greedy and beam 4.  Generated tokens per second = ``batch *
+32`` / wall time of one search call (encoder included; median of the timed repeats after one
+untimed warm-up call that also compiles).  Two paths are timed: ``translator``, the in-process
+:class:`~deep_nmt_tf.export.translator.TranslationModule`'s compiled search on prepared ids (what
+``Translator.translate`` runs per batch), and ``saved_model``, the exported SavedModel
+(``translate_ids`` signature, which also prepares the source in the graph) reloaded with
+``tf.saved_model.load``.  XLA is on for decoding with ``--jit_compile``::
 
-    python tools/benchmark.py --mode=decode --config=base --jit_compile
+    deep-nmt-benchmark --mode=decode --config=base --jit_compile
+
+From Python::
+
+    from deep_nmt_tf.tools.benchmark import benchmark_decode
+    result = benchmark_decode()            # ~3-5 minutes on 2 CPU cores
+    result["results"]["translator"]["beam4"]["tokens_per_second"]
 
 Presets (the peers' sizes; every preset is post-norm 6+6 unless said):
   small: d 256, ffn 1024, 4 heads;  base: d 512, ffn 2048, 8 heads;
@@ -31,13 +47,19 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Dict, Optional, Sequence
 
 from absl import app, flags
+
+from deep_nmt_tf.cli import define_flags
 
 FLAGS = flags.FLAGS
 
@@ -64,17 +86,29 @@ BASE_OVERRIDES = (["model.vocab_size=8000", "model.d_model=512", "data.corpus=sy
                    "training.label_smoothing=0.1", "training.adam_beta2=0.98"] + _CONSTANT_LR +
                   _stacks("ffn_dim=2048", "num_heads=8", "num_layers=6", "norm=post"))
 BATCH, SRC_LEN, TGT_LEN, VOCAB = 64, 32, 32, 8000
+DEFAULT_CONFIGS = ("small", "base", "deep")
 
-flags.DEFINE_enum("mode", "train", ["train", "decode"], "What to measure.")
-flags.DEFINE_list("config", ["small", "base", "deep"], "Presets or YAML files.")
-flags.DEFINE_multi_string("override", [], "Config overrides KEY=VALUE applied to each config.")
-flags.DEFINE_integer("steps", 5, "Timed training steps per repeat.")
-flags.DEFINE_integer("repeats", 3, "Timed repeats (the median is reported).")
-flags.DEFINE_integer("warmup", 2, "Untimed warm-up steps (tracing and first runs).")
-flags.DEFINE_bool("jit_compile", False, "Compile the training step with XLA.")
-flags.DEFINE_integer("threads", 0, "intra/inter-op threads (0: TensorFlow's default).")
-flags.DEFINE_string("output", None, "Also append the JSON results to this file.")
-flags.DEFINE_bool("child", False, "Internal: run one configuration in this process.")
+define_flags([
+    (flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure."),
+    # A string, not a list flag: deep-nmt-train's --config (a string) may share it in-process.
+    (flags.DEFINE_string, "config", None, "Presets or YAML files, comma-separated (default: "
+                                          f"{','.join(DEFAULT_CONFIGS)})."),
+    (flags.DEFINE_multi_string, "override", [],
+     "Config overrides KEY=VALUE applied to each config."),
+    (flags.DEFINE_integer, "steps", 5, "Timed training steps per repeat."),
+    (flags.DEFINE_integer, "repeats", 3, "Timed repeats (the median is reported)."),
+    (flags.DEFINE_integer, "warmup", 2, "Untimed warm-up steps (tracing and first runs)."),
+    (flags.DEFINE_bool, "jit_compile", False, "Compile the training step with XLA."),
+    (flags.DEFINE_integer, "threads", 0, "intra/inter-op threads (0: TensorFlow's default)."),
+    (flags.DEFINE_string, "output", None, "Also append the JSON results to this file."),
+    (flags.DEFINE_bool, "child", False, "Internal: run one configuration in this process."),
+])
+
+
+def _configs():
+    """The ``--config`` names (presets or files)."""
+    names = [n.strip() for n in (FLAGS.config or ",".join(DEFAULT_CONFIGS)).split(",")]
+    return [n for n in names if n]
 
 
 def _config_overrides(name):
@@ -88,7 +122,6 @@ def _config_overrides(name):
 
 def _train_child(name):
     import dataclasses
-    import statistics
 
     import numpy as np
     import tensorflow as tf
@@ -176,14 +209,167 @@ def _run_children(names):
     return results
 
 
+# --------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------
+
+MODES = {"greedy": 1, "beam4": 4}
+
+
+def _config(name: str, vocab_size: int, beam_size: int, steps: int):
+    """A training preset (the peers' shapes) without dropout, with decoding parameters that
+    generate exactly ``steps`` tokens."""
+    from deep_nmt_tf.config import load_config
+
+    decoding = [f"decoding.beam_size={beam_size}", "decoding.n_best=1",
+                "decoding.length_penalty=0.6", "decoding.max_length_a=0.0",
+                f"decoding.max_length_b={steps}", "decoding.batch_size=32",
+                "decoding.max_input_length=256"]
+    return load_config(None, BASE_OVERRIDES + PRESETS[name] + decoding + [
+        f"model.vocab_size={vocab_size}"] + _stacks("input_dropout=0.0", "residual_dropout=0.0"))
+
+
+def _synthetic_vocab(size: int):
+    from deep_nmt_tf.constants import RESERVED_TOKENS
+
+    return list(RESERVED_TOKENS) + [f"w{i}" for i in range(len(RESERVED_TOKENS), size)]
+
+
+def _time(fn, repeats: int):
+    fn()  # Warm-up (tracing and XLA compilation).
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _summary(times, work):
+    return {"tokens_per_second": work / statistics.median(times),
+            "seconds": [round(t, 4) for t in times], "tokens": work}
+
+
+def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "beam4"),
+                     paths: Sequence[str] = ("translator", "saved_model"),
+                     batch_size: int = 32, source_length: int = 32, steps: int = 32,
+                     vocab_size: int = 8000, repeats: int = 3, jit_compile: bool = True,
+                     threads: Optional[int] = None, seed: int = 0,
+                     work_dir: Optional[str] = None) -> Dict[str, object]:
+    """Times greedy and beam search (see "Decoding" in the module docstring).
+
+    Args:
+      config: ``small``, ``base`` or ``deep`` (peer benchmark sizes).
+      modes: subset of ``greedy``, ``beam4``.
+      paths: subset of ``translator`` (in-process) and ``saved_model`` (exported, reloaded).
+      batch_size, source_length, steps, vocab_size: benchmark shapes (peers: 32, 32, 32, 8000).
+      repeats: timed calls per measurement (the median is reported).
+      jit_compile: compile the search with XLA (the translator's and exporter's default).
+      threads: TensorFlow intra-op threads (set before TensorFlow starts; None: default).
+      seed: weights and source seed.
+      work_dir: where the SavedModels are written (default: a temporary directory, removed).
+
+    Returns:
+      dict: ``results[path][mode]`` -> ``{"tokens_per_second", "seconds", "tokens"}``, plus
+      ``config``, the shapes, ``jit_compile``, ``threads``, library versions and the checks
+      ``outputs_equal`` (SavedModel ids == in-process ids, per mode) and ``all_lengths_ok``.
+    """
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from deep_nmt_tf.constants import EOS_ID
+    from deep_nmt_tf.data.vocab import Tokenizer
+    from deep_nmt_tf.export.saved_model import export_saved_model
+    from deep_nmt_tf.export.translator import TranslationModule
+    from deep_nmt_tf.models import build_model
+
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError:  # TensorFlow already started; keep its settings.
+            pass
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed + 2)
+    source = rng.integers(4, vocab_size, (batch_size, source_length)).astype(np.int32)
+    source[:, -1] = EOS_ID
+    tokenizer = Tokenizer(_synthetic_vocab(vocab_size))
+    model = build_model(_config(config, vocab_size, 1, steps))
+    work = batch_size * steps
+    results: Dict[str, Dict[str, object]] = {p: {} for p in paths}
+    outputs_equal: Dict[str, bool] = {}
+    lengths_ok = True
+    tmp = work_dir or tempfile.mkdtemp(prefix="deep_nmt_bench_")
+    try:
+        for mode in modes:
+            cfg = _config(config, vocab_size, MODES[mode], steps)
+            module = TranslationModule(model, tokenizer, cfg.decoding, jit_compile=jit_compile,
+                                       min_length=steps)
+            source_ids = module.prepare_source(tf.RaggedTensor.from_tensor(source[:, :-1]))
+            assert source_ids.shape == (batch_size, source_length), source_ids.shape
+            local = module.search_ids(source_ids)
+            lengths_ok &= bool((local["lengths"].numpy() == steps).all())
+            if "translator" in paths:
+                times = _time(lambda: module.search_ids(source_ids)["ids"].numpy(), repeats)
+                results["translator"][mode] = _summary(times, work)
+            if "saved_model" in paths:
+                path = export_saved_model(module, os.path.join(tmp, mode), version=1)
+                loaded = tf.saved_model.load(path)
+                serve = loaded.signatures["translate_ids"]
+                ids = tf.constant(source[:, :-1])
+                out = serve(source_ids=ids)
+                outputs_equal[mode] = bool(np.array_equal(out["ids"].numpy(),
+                                                          local["ids"].numpy()))
+                lengths_ok &= bool((out["lengths"].numpy() == steps).all())
+                times = _time(lambda: serve(source_ids=ids)["ids"].numpy(), repeats)
+                results["saved_model"][mode] = _summary(times, work)
+                del loaded, serve
+    finally:
+        if work_dir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "config": config, "batch_size": batch_size, "source_length": source_length,
+        "steps": steps, "vocab_size": vocab_size, "jit_compile": jit_compile,
+        "threads": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                    "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+                    "cpus": os.cpu_count()},
+        "params": int(model.count_params()), "tensorflow": tf.__version__,
+        "keras": keras.__version__, "python": platform.python_version(),
+        "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "results": results, "outputs_equal": outputs_equal, "all_lengths_ok": lengths_ok,
+    }
+
+
+def format_results(result: Dict[str, object]) -> str:
+    """Lines ``deep_nmt_tf <config> <path>_<mode>_tok_per_s <value> tok/s`` (peer format)."""
+    lines = []
+    for path, by_mode in result["results"].items():
+        for mode, r in by_mode.items():
+            lines.append(f"deep_nmt_tf {result['config']} {path}_{mode}_tok_per_s "
+                         f"{r['tokens_per_second']:.6g} tok/s")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def _append_json(results):
+    """Appends one JSON line per result to ``--output`` (if given)."""
+    if FLAGS.output:
+        with open(FLAGS.output, "a", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+
+
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if FLAGS.mode == "decode":
-        from deep_nmt_tf.export.benchmark import benchmark_decode, format_results
-
         results = []
-        for name in FLAGS.config:
+        for name in _configs():
             result = benchmark_decode(config=name, modes=("greedy", "beam4"),
                                       paths=("translator", "saved_model"),
                                       repeats=FLAGS.repeats, jit_compile=FLAGS.jit_compile,
@@ -191,23 +377,18 @@ def main(argv):
             sys.stderr.write(format_results(result) + "\n")
             print(json.dumps(result), flush=True)
             results.append(result)
-        if FLAGS.output:
-            with open(FLAGS.output, "a", encoding="utf-8") as f:
-                for r in results:
-                    f.write(json.dumps(r) + "\n")
+        _append_json(results)
         return
     if FLAGS.child:
-        print(json.dumps(_train_child(FLAGS.config[0])), flush=True)
+        print(json.dumps(_train_child(_configs()[0])), flush=True)
         return
-    results = _run_children(FLAGS.config)
+    results = _run_children(_configs())
     print(json.dumps(results))
-    if FLAGS.output:
-        with open(FLAGS.output, "a", encoding="utf-8") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
+    _append_json(results)
 
 
 def run():
+    """Console-script entry point."""
     app.run(main)
 
 

@@ -22,33 +22,24 @@ from typing import List, Sequence
 
 from absl import app, flags, logging
 
+from deep_nmt_tf.cli import define_flags
+
 FLAGS = flags.FLAGS
 
-
-def _define_flags():
-    """Defines this tool's flags unless another tool in the process already did.
-
-    The tools share absl's global FLAGS when imported into one process (tests); ``--input`` and
-    ``--output`` are therefore plain strings, like in tools/translate.py, and the mode is chosen
-    by which flags are present on the command line, not by their defaults.
-    """
-    definitions = [
-        (flags.DEFINE_string, "config", None, "YAML config file (config mode)."),
-        (flags.DEFINE_multi_string, "override", [],
-         "Config override KEY=VALUE, e.g. data.vocab_size=4000 (repeatable)."),
-        (flags.DEFINE_string, "model_dir", None,
-         "Run directory: synthetic corpus and default vocabulary location (config mode)."),
-        (flags.DEFINE_string, "input", None, "Comma-separated text files (explicit mode)."),
-        (flags.DEFINE_string, "output", None, "Vocabulary file to write (explicit mode)."),
-        (flags.DEFINE_integer, "vocab_size", 8000, "Target vocabulary size (explicit mode)."),
-        (flags.DEFINE_bool, "lowercase", False, "Lower-case text first (explicit mode)."),
-    ]
-    for define, name, default, help_text in definitions:
-        if name not in FLAGS:
-            define(name, default, help_text)
-
-
-_define_flags()
+# The tools share absl's global FLAGS when imported into one process (tests); --input and
+# --output are therefore plain strings, like in tools/translate.py, and the mode is chosen by
+# which flags are present on the command line, not by their defaults.
+define_flags([
+    (flags.DEFINE_string, "config", None, "YAML config file (config mode)."),
+    (flags.DEFINE_multi_string, "override", [],
+     "Config override KEY=VALUE, e.g. data.vocab_size=4000 (repeatable)."),
+    (flags.DEFINE_string, "model_dir", None,
+     "Run directory: synthetic corpus and default vocabulary location (config mode)."),
+    (flags.DEFINE_string, "input", None, "Comma-separated text files (explicit mode)."),
+    (flags.DEFINE_string, "output", None, "Vocabulary file to write (explicit mode)."),
+    (flags.DEFINE_integer, "vocab_size", 8000, "Target vocabulary size (explicit mode)."),
+    (flags.DEFINE_bool, "lowercase", False, "Lower-case text first (explicit mode)."),
+])
 
 
 def _from_config(config_path: str, overrides: Sequence[str], model_dir: str) -> List[str]:

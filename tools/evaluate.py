@@ -39,41 +39,35 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags, logging
 
+from deep_nmt_tf.cli import define_flags
+
 FLAGS = flags.FLAGS
 
-
-def _define_flags():
-    definitions = [
-        (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
-        (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
-        (flags.DEFINE_string, "source", None, "Test source file (default data.test_source)."),
-        (flags.DEFINE_string, "reference", None, "Test reference (default data.test_target)."),
-        (flags.DEFINE_string, "hypotheses", None,
-         "Score this translation file against --reference instead of decoding."),
-        (flags.DEFINE_string, "dev_source", None, "Dev source for --checkpoint_window "
-                                                  "(default data.dev_source)."),
-        (flags.DEFINE_string, "dev_reference", None, "Dev reference for --checkpoint_window "
-                                                     "(default data.dev_target)."),
-        (flags.DEFINE_integer, "checkpoint_window", 0,
-         "If > 0: score every checkpoint and report mean/std test BLEU over this many "
-         "checkpoints around the best dev BLEU (Chen et al. 2018 use 21)."),
-        (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
-        (flags.DEFINE_float, "length_penalty", None, "Length penalty alpha (default "
-                                                     "decoding.length_penalty)."),
-        (flags.DEFINE_integer, "batch_size", None, "Sentences per batch."),
-        (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE (repeatable)."),
-        (flags.DEFINE_string, "tokenized_bleu_tokenize", "intl",
-         "sacreBLEU tokeniser of the tokenized BLEU ('intl', '13a', 'none' ...)."),
-        (flags.DEFINE_string, "output", None, "Write the test translations here."),
-        (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
-        (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
-    ]
-    for define, name, default, help_text in definitions:
-        if name not in FLAGS:
-            define(name, default, help_text)
-
-
-_define_flags()
+define_flags([
+    (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
+    (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
+    (flags.DEFINE_string, "source", None, "Test source file (default data.test_source)."),
+    (flags.DEFINE_string, "reference", None, "Test reference (default data.test_target)."),
+    (flags.DEFINE_string, "hypotheses", None,
+     "Score this translation file against --reference instead of decoding."),
+    (flags.DEFINE_string, "dev_source", None, "Dev source for --checkpoint_window "
+                                              "(default data.dev_source)."),
+    (flags.DEFINE_string, "dev_reference", None, "Dev reference for --checkpoint_window "
+                                                 "(default data.dev_target)."),
+    (flags.DEFINE_integer, "checkpoint_window", 0,
+     "If > 0: score every checkpoint and report mean/std test BLEU over this many "
+     "checkpoints around the best dev BLEU (Chen et al. 2018 use 21)."),
+    (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
+    (flags.DEFINE_float, "length_penalty", None, "Length penalty alpha (default "
+                                                 "decoding.length_penalty)."),
+    (flags.DEFINE_integer, "batch_size", None, "Sentences per batch."),
+    (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE (repeatable)."),
+    (flags.DEFINE_string, "tokenized_bleu_tokenize", "intl",
+     "sacreBLEU tokeniser of the tokenized BLEU ('intl', '13a', 'none' ...)."),
+    (flags.DEFINE_string, "output", None, "Write the test translations here."),
+    (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
+    (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+])
 
 
 def _read(path: str) -> List[str]:

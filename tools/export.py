@@ -20,27 +20,21 @@ from typing import Sequence
 
 from absl import app, flags
 
+from deep_nmt_tf.cli import define_flags
+
 FLAGS = flags.FLAGS
 
-
-def _define_flags():
-    definitions = [
-        (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
-        (flags.DEFINE_string, "export_dir", None,
-         "Base export directory (versions inside; default MODEL_DIR/exports)."),
-        (flags.DEFINE_integer, "version", None, "Version number (default: next free)."),
-        (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
-        (flags.DEFINE_multi_string, "override", [],
-         "Config override KEY=VALUE, e.g. decoding.beam_size=8 (repeatable)."),
-        (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
-        (flags.DEFINE_bool, "overwrite", False, "Replace an existing version directory."),
-    ]
-    for define, name, default, help_text in definitions:
-        if name not in FLAGS:
-            define(name, default, help_text)
-
-
-_define_flags()
+define_flags([
+    (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
+    (flags.DEFINE_string, "export_dir", None,
+     "Base export directory (versions inside; default MODEL_DIR/exports)."),
+    (flags.DEFINE_integer, "version", None, "Version number (default: next free)."),
+    (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
+    (flags.DEFINE_multi_string, "override", [],
+     "Config override KEY=VALUE, e.g. decoding.beam_size=8 (repeatable)."),
+    (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    (flags.DEFINE_bool, "overwrite", False, "Replace an existing version directory."),
+])
 
 
 def main(argv: Sequence[str]) -> None:

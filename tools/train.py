@@ -23,32 +23,24 @@ from typing import Sequence
 
 from absl import app, flags, logging
 
+from deep_nmt_tf.cli import define_flags
+
 FLAGS = flags.FLAGS
 
 _STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")  # deep_nmt_tf.training.STRATEGIES
 
-
-def _define_flags():
-    """Defines this tool's flags unless another tool in the process already did."""
-    definitions = [
-        (flags.DEFINE_string, "config", None, "YAML config file."),
-        (flags.DEFINE_string, "model_dir", None,
-         "Run directory: config.yaml, checkpoints, TensorBoard logs, vocabulary."),
-        (flags.DEFINE_multi_string, "override", [],
-         "Config override KEY=VALUE, e.g. training.train_steps=100 (repeatable)."),
-        (flags.DEFINE_string, "tpu", None, "TPU name or grpc:// address (--strategy=tpu)."),
-        (flags.DEFINE_bool, "checkpoint_data_iterator", False,
-         "Save the tf.data iterator (with its shuffle buffer) in every checkpoint, so that a "
-         "resumed run need not re-read the consumed training batches (default strategy only)."),
-    ]
-    for define, name, default, help_text in definitions:
-        if name not in FLAGS:
-            define(name, default, help_text)
-    if "strategy" not in FLAGS:
-        flags.DEFINE_enum("strategy", "default", _STRATEGIES, "tf.distribute strategy.")
-
-
-_define_flags()
+define_flags([
+    (flags.DEFINE_string, "config", None, "YAML config file."),
+    (flags.DEFINE_string, "model_dir", None,
+     "Run directory: config.yaml, checkpoints, TensorBoard logs, vocabulary."),
+    (flags.DEFINE_multi_string, "override", [],
+     "Config override KEY=VALUE, e.g. training.train_steps=100 (repeatable)."),
+    (flags.DEFINE_string, "tpu", None, "TPU name or grpc:// address (--strategy=tpu)."),
+    (flags.DEFINE_bool, "checkpoint_data_iterator", False,
+     "Save the tf.data iterator (with its shuffle buffer) in every checkpoint, so that a "
+     "resumed run need not re-read the consumed training batches (default strategy only)."),
+    (flags.DEFINE_enum, "strategy", "default", _STRATEGIES, "tf.distribute strategy."),
+])
 
 
 def _fail(message: str) -> None:

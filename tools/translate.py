@@ -19,35 +19,29 @@ from typing import Iterable, List, Optional, Sequence
 
 from absl import app, flags
 
+from deep_nmt_tf.cli import define_flags
+
 FLAGS = flags.FLAGS
 
-
-def _define_flags():
-    definitions = [
-        (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
-        (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
-        (flags.DEFINE_string, "input", "-", "Source text file, one sentence per line "
-                                            "('-': stdin)."),
-        (flags.DEFINE_string, "output", "-", "Output file ('-': stdout)."),
-        (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
-        (flags.DEFINE_float, "length_penalty", None,
-         "GNMT length penalty alpha (default decoding.length_penalty)."),
-        (flags.DEFINE_integer, "n_best", 1, "Hypotheses per sentence (> 1: Moses n-best "
-                                            "format)."),
-        (flags.DEFINE_integer, "batch_size", None, "Sentences per batch (default "
-                                                   "decoding.batch_size)."),
-        (flags.DEFINE_multi_string, "override", [],
-         "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
-        (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
-        (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "
-                                              "a file)."),
-    ]
-    for define, name, default, help_text in definitions:
-        if name not in FLAGS:
-            define(name, default, help_text)
-
-
-_define_flags()
+define_flags([
+    (flags.DEFINE_string, "model_dir", None, "Model directory (config.yaml, checkpoints)."),
+    (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
+    (flags.DEFINE_string, "input", "-", "Source text file, one sentence per line "
+                                        "('-': stdin)."),
+    (flags.DEFINE_string, "output", "-", "Output file ('-': stdout)."),
+    (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
+    (flags.DEFINE_float, "length_penalty", None,
+     "GNMT length penalty alpha (default decoding.length_penalty)."),
+    (flags.DEFINE_integer, "n_best", 1, "Hypotheses per sentence (> 1: Moses n-best "
+                                        "format)."),
+    (flags.DEFINE_integer, "batch_size", None, "Sentences per batch (default "
+                                               "decoding.batch_size)."),
+    (flags.DEFINE_multi_string, "override", [],
+     "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
+    (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "
+                                          "a file)."),
+])
 
 
 def read_lines(path: str) -> List[str]:

@@ -6,9 +6,10 @@
 * :mod:`deep_nmt_tf.export.saved_model`: ``export_saved_model`` / ``export_model_dir`` write
   ``EXPORT_DIR/<version>/`` with ``serving_default``, ``translate_with_options`` and
   ``translate_ids`` signatures;
-* :mod:`deep_nmt_tf.export.averaging`: ``average_checkpoints`` (``tools/average_checkpoints.py``);
-* :mod:`deep_nmt_tf.export.benchmark`: ``benchmark_decode`` (``tools/benchmark.py --mode
-  decode``).
+* :mod:`deep_nmt_tf.export.averaging`: ``average_checkpoints`` (``tools/average_checkpoints.py``).
+
+The decoding-speed benchmark is a tool: ``deep-nmt-benchmark --mode=decode``
+(``deep_nmt_tf.tools.benchmark.benchmark_decode``).
 
 Scoring (sacreBLEU, checkpoint windows) is TensorFlow-free: :mod:`deep_nmt_tf.decoding.scoring`.
 Run directories (config, vocabulary, checkpoint listing) are :mod:`deep_nmt_tf.run_dir`; the

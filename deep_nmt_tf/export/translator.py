@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import restore_model_weights
 from deep_nmt_tf.config import Config, DecodingConfig
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -82,16 +83,6 @@ class _Untracked:
         self.obj = obj
 
 
-def _tf_variable(variable) -> tf.Variable:
-    """The ``tf.Variable`` behind a Keras 3 variable (TensorFlow backend)."""
-    if isinstance(variable, tf.Variable):
-        return variable
-    value = getattr(variable, "_value", None)
-    if not isinstance(value, tf.Variable):
-        raise TypeError(f"cannot find the tf.Variable of {variable!r}")
-    return value
-
-
 class TranslationModule(tf.Module):
     """Tokenizer + model + search as ``tf.function`` s (module docstring).
 
@@ -114,7 +105,7 @@ class TranslationModule(tf.Module):
         # variable as a second copy that the session-based loaders of TF Serving and
         # saved_model_cli restore instead of the captured one: "Could not find variable".)
         self._untracked = _Untracked(model)
-        self.model_variables = [_tf_variable(v) for v in model.variables]
+        self.model_variables = [compat.tf_variable(v) for v in model.variables]
         self.tokenizer = tokenizer
         self.decoding = decoding
         self.jit_compile = bool(jit_compile)

@@ -32,16 +32,11 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from deep_nmt_tf.layers.attention import dense
+
 __all__ = ["MultiHeadAdditiveAttention"]
 
 _NEG_INF = -1e9
-
-
-def _dense(x, kernel, bias):
-    """``x @ kernel + bias`` over the last axis, as one 2-D GEMM."""
-    shape = ops.shape(x)
-    out = ops.matmul(ops.reshape(x, (-1, kernel.shape[0])), kernel) + bias
-    return ops.reshape(out, tuple(shape[:-1]) + (kernel.shape[1],))
 
 
 @keras.saving.register_keras_serializable(package="deep_nmt_tf")
@@ -147,7 +142,7 @@ class MultiHeadAdditiveAttention(keras.layers.Layer):
         if not self.built:
             self.build((None, self.query_dim) if self.query_dim else None, memory.shape)
         memory = ops.cast(memory, self.compute_dtype)
-        return _dense(memory, ops.cast(self.memory_kernel, self.compute_dtype),
+        return dense(memory, ops.cast(self.memory_kernel, self.compute_dtype),
                       ops.cast(self.memory_bias, self.compute_dtype))
 
     def sample_dropout_mask(self, shape):
@@ -168,7 +163,7 @@ class MultiHeadAdditiveAttention(keras.layers.Layer):
         query = ops.cast(query, self.compute_dtype)
         if single_step:
             query = ops.expand_dims(query, 1)                              # [B, 1, Dq]
-        q = _dense(query, ops.cast(self.query_kernel, self.compute_dtype),
+        q = dense(query, ops.cast(self.query_kernel, self.compute_dtype),
                    ops.cast(self.query_bias, self.compute_dtype))         # [B, T, A]
 
         b, t, s = ops.shape(q)[0], ops.shape(q)[1], ops.shape(keys)[1]

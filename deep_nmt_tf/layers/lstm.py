@@ -42,10 +42,12 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-try:  # keras.layers.RNN pre-draws dropout masks only for cells deriving from this mixin.
-    from keras.src.layers.rnn.dropout_rnn_cell import DropoutRNNCell as _DropoutRNNCellMixin
-except ImportError:  # pragma: no cover - private Keras path moved: RNN then draws per call.
-    _DropoutRNNCellMixin = object
+from deep_nmt_tf.compat import dropout_rnn_cell_base
+from deep_nmt_tf.layers.attention import dense
+
+# keras.layers.RNN pre-draws dropout masks only for cells deriving from Keras' DropoutRNNCell
+# mixin (not exported: deep_nmt_tf.compat finds it among keras.layers.LSTMCell's bases).
+_DropoutRNNCellMixin = dropout_rnn_cell_base()
 
 __all__ = [
     "LayerNormLSTMCell",
@@ -92,13 +94,6 @@ def reverse_sequence(x, lengths):
         index = ops.reshape(index, tuple(ops.shape(index)) + (1,) * (rank - 2))
         index = ops.broadcast_to(index, ops.shape(x))
     return ops.take_along_axis(x, index, axis=1)
-
-
-def _matmul_last(x, kernel):
-    """``x @ kernel`` over the last axis as one 2-D GEMM (``x`` of any rank >= 2)."""
-    shape = ops.shape(x)
-    out = ops.matmul(ops.reshape(x, (-1, kernel.shape[0])), kernel)
-    return ops.reshape(out, tuple(shape[:-1]) + (kernel.shape[1],))
 
 
 def _default_kernel_initializer():
@@ -283,7 +278,7 @@ class LayerNormLSTMCell(keras.layers.Layer, _DropoutRNNCellMixin):
         """``inputs @ w_x``: gate pre-activations from the input, ``[..., D] -> [..., 4U]``."""
         if w_x is None:
             w_x, _ = self.split_kernel()
-        return _matmul_last(ops.cast(inputs, self.compute_dtype), w_x)
+        return dense(ops.cast(inputs, self.compute_dtype), w_x)
 
     def recurrent_step(self, x_proj, states, w_h=None, recurrent_mask=None):
         """One step from projected inputs ``x_proj`` ``[B, 4U]``: returns ``(h, [h, c])``.

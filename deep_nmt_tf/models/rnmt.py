@@ -73,6 +73,7 @@ from keras import ops
 
 from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
+from deep_nmt_tf.layers.attention import dense
 from deep_nmt_tf.layers.embedding import TokenEmbedding
 from deep_nmt_tf.layers.lstm import BidirectionalLayerNormLSTM, LayerNormLSTM, LayerNormLSTMCell
 from deep_nmt_tf.models.base import Decoder, Encoder, register_decoder, register_encoder
@@ -94,15 +95,6 @@ def _deserialize(obj):
     if isinstance(obj, dict):
         return keras.saving.deserialize_keras_object(obj)
     return obj
-
-
-def _dense_last(x, kernel, bias=None):
-    """``x @ kernel (+ bias)`` over the last axis of a tensor of any rank, one 2-D GEMM."""
-    shape = ops.shape(x)
-    out = ops.matmul(ops.reshape(x, (-1, kernel.shape[0])), kernel)
-    if bias is not None:
-        out = out + bias
-    return ops.reshape(out, tuple(shape[:-1]) + (kernel.shape[1],))
 
 
 class _RNMTStack:
@@ -429,8 +421,8 @@ class RNMTPlusDecoder(_RNMTStack, Decoder):
 
     def _logits(self, x, context):
         features = ops.concatenate([x, ops.cast(context, x.dtype)], axis=-1)
-        logits = _dense_last(features, ops.cast(self.softmax_kernel, features.dtype),
-                             ops.cast(self.softmax_bias, features.dtype))
+        logits = dense(features, ops.cast(self.softmax_kernel, features.dtype),
+                       ops.cast(self.softmax_bias, features.dtype))
         return ops.cast(logits, "float32")
 
     def _initial_context(self, keys, memory_mask, training=None):

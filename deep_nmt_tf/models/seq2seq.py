@@ -139,12 +139,19 @@ class Seq2SeqModel(keras.Model):
     def _memory_embeddings(self, encoded):
         return encoded["layer_outputs"][0] if self.decoder.uses_memory_embeddings else None
 
-    def decode(self, encoded, target_input_ids, training=None, return_gates=False):
-        """Teacher-forced float32 logits ``[B, T, V]`` from an ``encode`` result."""
+    def decode(self, encoded, target_input_ids, training=None, return_gates=False,
+               return_layer_outputs=False):
+        """Teacher-forced float32 logits ``[B, T, V]`` from an ``encode`` result.
+
+        ``return_gates`` / ``return_layer_outputs``: passed to the decoder, which then returns
+        a tuple (``return_layer_outputs``: Transformer decoders only; see
+        :class:`~deep_nmt_tf.models.transformer.TransformerDecoder`).
+        """
+        extra = {"return_layer_outputs": True} if return_layer_outputs else {}
         return self.decoder(target_input_ids, self.decoder_memories(encoded, training=training),
                             encoded["mask"], training=training,
                             memory_embeddings=self._memory_embeddings(encoded),
-                            return_gates=return_gates)
+                            return_gates=return_gates, **extra)
 
     def call(self, inputs, training=None):
         encoded = self.encode(inputs["source_ids"], training=training)

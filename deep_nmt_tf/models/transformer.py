@@ -27,9 +27,9 @@ import keras
 from keras import ops
 
 from deep_nmt_tf.constants import PAD_ID
-from deep_nmt_tf.layers.attention import causal_bias, padding_bias, step_bias
+from deep_nmt_tf.layers.attention import causal_bias, dense, padding_bias, step_bias
 from deep_nmt_tf.layers.dlcl import DynamicLinearCombination
-from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding, TokenEmbedding
+from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding
 from deep_nmt_tf.layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 from deep_nmt_tf.models.base import Decoder, Encoder, register_decoder, register_encoder
 
@@ -272,7 +272,9 @@ class TransformerDecoder(_StackBase, Decoder):
     ``memories`` is one ``[B, S, D_mem]`` tensor shared by all layers, a list of M tensors, or a
     stacked ``[M, B, S, D_mem]`` tensor, one per encoder-decoder attention (transparent
     attention).  ``memory_embeddings`` ``[B, S, D_mem]`` (the source embedding output) is needed
-    only with ``cross_shortcuts``.
+    only with ``cross_shortcuts``.  With ``return_layer_outputs=True`` the result also holds
+    (last) the list ``[y_0, .., y_M]``: the embedding output and every layer's raw output (the
+    layer probe of :mod:`deep_nmt_tf.analysis.probe` reads them).
 
     Incremental decoding: ``state = decoder.init_state(memories, memory_mask, max_length,
     memory_embeddings=None)``; ``logits, state = decoder.step(token_ids, step, state)``.  With
@@ -360,14 +362,11 @@ class TransformerDecoder(_StackBase, Decoder):
         if self.tie_softmax:
             logits = self.embedding.logits(x)
         else:
-            flat = ops.reshape(x, (-1, self.d_model))
-            logits = ops.matmul(flat, ops.cast(self.softmax_kernel, x.dtype))
-            logits = logits + ops.cast(self.softmax_bias, x.dtype)
-            logits = ops.reshape(logits, tuple(ops.shape(x)[:-1]) + (self.embedding.vocab_size,))
+            logits = dense(x, self.softmax_kernel, self.softmax_bias)
         return ops.cast(logits, "float32")
 
     def call(self, target_input_ids, memories, memory_mask, training=None,
-             memory_embeddings=None, return_gates=False):
+             memory_embeddings=None, return_gates=False, return_layer_outputs=False):
         memories = self._memories(memories)
         memory_embeddings = self._memory_embeddings(memory_embeddings)
         memory_bias = padding_bias(memory_mask)
@@ -381,9 +380,14 @@ class TransformerDecoder(_StackBase, Decoder):
             gates.append(g)
             return y
 
-        top, _ = self.run_layers(self.embed(target_input_ids, training=training), run_layer)
-        logits = self.output_logits(top)
-        return (logits, gates) if return_gates else logits
+        top, outputs = self.run_layers(self.embed(target_input_ids, training=training),
+                                       run_layer)
+        result = (self.output_logits(top),)
+        if return_gates:
+            result += (gates,)
+        if return_layer_outputs:
+            result += (outputs,)
+        return result if len(result) > 1 else result[0]
 
     def init_state(self, memories, memory_mask, max_length, memory_embeddings=None):
         """Decoder state for incremental decoding; every leaf has the batch as dim 0."""

@@ -58,7 +58,8 @@ from typing import Dict, Optional, Sequence
 
 import tensorflow as tf
 
-from deep_nmt_tf.training.optimizers import GradientTransform
+from deep_nmt_tf import compat
+from deep_nmt_tf.training.gradient_transforms import GradientTransform
 
 __all__ = [
     "AdaptiveGradientClipping",
@@ -270,7 +271,7 @@ def apply_gradients_if(should_apply, optimizer, grads: Sequence, variables: Sequ
 
     replica_context = tf.distribute.get_replica_context()
     needs_merge = (tf.distribute.has_strategy() and replica_context is not None
-                   and not tf.__internal__.distribute.strategy_supports_no_merge_call())
+                   and not compat.strategy_supports_no_merge_call())
     if not needs_merge:
         return tf.cond(should_apply, apply_fn, skip_fn)
 

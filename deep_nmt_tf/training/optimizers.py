@@ -3,8 +3,8 @@
 Gradients reach the optimizer already summed across replicas and normalised by the trainer
 (:mod:`deep_nmt_tf.training.trainer`), because clipping and the diagnostics need the global
 gradient.  Keras 3's TensorFlow optimizer would sum them across replicas once more inside
-``apply`` (``TFOptimizer._all_reduce_sum_gradients``); the optimizer built here skips that second
-reduction (:class:`ReducedGradientsAdam`).  ``tests/test_training_distributed.py`` checks that
+``apply`` (a private hook, wrapped by :func:`deep_nmt_tf.compat.skip_gradient_all_reduce`); the
+optimizer built here skips that second reduction (:class:`ReducedGradientsAdam`).  ``tests/test_training_distributed.py`` checks that
 one global batch gives the same update under the default strategy and ``MirroredStrategy``.
 
 Weight decay (``training.weight_decay``, ``wd``) is classic L2 regularisation, as in Lingvo's
@@ -18,15 +18,21 @@ Gradient transforms run in replica context on the reduced, normalised gradients,
 each is a callable ``transform(grads, variables, stats) -> grads`` that may read and add scalar
 entries of ``stats`` (``stats["grad_norm"]`` is the global norm before any transform).  Setting
 ``stats["skip_update"]`` (a boolean scalar, identical on every replica) discards the update; the
-trainer counts skipped updates.  Adaptive clipping (RNMT+) plugs in here.
+trainer counts skipped updates.  The transforms' base class and global-norm clipping live in
+:mod:`deep_nmt_tf.training.gradient_transforms` (re-exported here); adaptive clipping (RNMT+,
+:mod:`deep_nmt_tf.training.adaptive_clipping`) plugs in here.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import List, Sequence
 
 import keras
 import tensorflow as tf
+
+from deep_nmt_tf import compat
+from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
+from deep_nmt_tf.training.gradient_transforms import ClipByGlobalNorm, GradientTransform
 
 __all__ = [
     "ReducedGradientsAdam",
@@ -40,26 +46,15 @@ __all__ = [
 ]
 
 
-def _check_keras_internals():
-    from keras.src.backend.tensorflow.optimizer import TFOptimizer
-
-    if not hasattr(TFOptimizer, "_all_reduce_sum_gradients"):
-        raise RuntimeError(
-            f"keras {keras.__version__}: TFOptimizer._all_reduce_sum_gradients is gone; "
-            "deep_nmt_tf.training.optimizers must be updated for this Keras version "
-            "(gradients would be summed across replicas twice)")
-
-
+@compat.skip_gradient_all_reduce
 class ReducedGradientsAdam(keras.optimizers.Adam):
     """``keras.optimizers.Adam`` that takes gradients already summed across replicas.
 
     Under a ``tf.distribute`` strategy, Keras 3 all-reduces (sums) the gradients passed to
     ``apply`` in replica context.  The trainer reduces them itself (to clip and log the global
-    norm), so this optimizer leaves them as they are.  Outside a strategy it is plain Adam.
+    norm), so this optimizer leaves them as they are (see
+    :func:`deep_nmt_tf.compat.skip_gradient_all_reduce`).  Outside a strategy it is plain Adam.
     """
-
-    def _all_reduce_sum_gradients(self, grads_and_vars):
-        return list(grads_and_vars)
 
 
 def build_optimizer(config, learning_rate) -> keras.optimizers.Optimizer:
@@ -69,8 +64,7 @@ def build_optimizer(config, learning_rate) -> keras.optimizers.Optimizer:
     the first ``strategy.run`` (Keras 3 optimizers cannot create their slots inside a replica
     function).
     """
-    if keras.backend.backend() == "tensorflow":
-        _check_keras_internals()
+    compat.check_optimizer_all_reduce_hook()
     t = config.training
     return ReducedGradientsAdam(learning_rate=learning_rate, beta_1=t.adam_beta1,
                                 beta_2=t.adam_beta2, epsilon=t.adam_epsilon, name="adam")
@@ -113,47 +107,6 @@ def l2_penalty(variables: Sequence, weight_decay: float, mask: Sequence[bool]):
 # --------------------------------------------------------------------------------------------
 
 
-class GradientTransform:
-    """Base class of the transforms applied to reduced, normalised gradients (replica context).
-
-    Subclasses implement ``__call__(grads, variables, stats) -> grads``.  ``stats`` is a dict of
-    scalar tensors, identical on every replica; a transform may add entries (they are logged
-    as TensorBoard scalars ``train/<key>``) or set ``stats["skip_update"]``.  A transform with
-    state keeps it in ``tf.Variable``s created in ``build(variables)`` (called once inside the
-    strategy scope) and lists them in ``checkpoint_items()`` so that they are checkpointed.
-    """
-
-    def build(self, variables: Sequence) -> None:
-        del variables
-
-    def checkpoint_items(self) -> Dict[str, tf.Module]:
-        return {}
-
-    def __call__(self, grads: List, variables: Sequence, stats: Dict[str, tf.Tensor]) -> List:
-        raise NotImplementedError
-
-
-class ClipByGlobalNorm(GradientTransform):
-    """Rescales the gradients so that their global norm is at most ``clip_norm``.
-
-    Uses ``stats["grad_norm"]`` when present (the norm the trainer computed), and records
-    ``stats["grad_clipped"]`` (1.0 when the gradients were scaled down).
-    """
-
-    def __init__(self, clip_norm: float):
-        if clip_norm <= 0:
-            raise ValueError(f"clip_norm must be > 0, got {clip_norm}")
-        self.clip_norm = float(clip_norm)
-
-    def __call__(self, grads, variables, stats):
-        norm = stats.get("grad_norm")
-        if norm is None:
-            norm = tf.linalg.global_norm(grads)
-        clipped, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
-        stats["grad_clipped"] = tf.cast(norm > self.clip_norm, tf.float32)
-        return clipped
-
-
 def build_gradient_transforms(config) -> List[GradientTransform]:
     """The transforms the config asks for, in order.
 
@@ -165,8 +118,6 @@ def build_gradient_transforms(config) -> List[GradientTransform]:
     transforms: List[GradientTransform] = []
     adaptive = getattr(t, "adaptive_clipping", None)
     if adaptive is not None and adaptive.enabled:
-        from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
-
         transforms.append(AdaptiveClippingTransform(
             decay=adaptive.decay, num_stddevs=adaptive.num_stddevs,
             warmup_steps=None if adaptive.warmup_steps < 0 else adaptive.warmup_steps,

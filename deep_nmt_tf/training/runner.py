@@ -60,6 +60,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import CheckpointSaver, has_object
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
@@ -271,7 +272,7 @@ class Runner:
         if self.checkpoint_iterator:
             restored = self._restored_iterator() if position else None
             iterator = make() if restored is None else restored
-            if isinstance(iterator, tf.__internal__.tracking.Trackable):
+            if compat.is_trackable(iterator):
                 if position and restored is None:
                     logging.info("Re-reading the %d training micro-batches consumed before "
                                  "the checkpoint", position)

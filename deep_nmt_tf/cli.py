@@ -1,0 +1,42 @@
+"""Helpers shared by the command-line tools (``deep_nmt_tf.tools``, absl binaries).
+
+absl's ``FLAGS`` is one registry per process, and several tools may be imported into the same
+process (tests, notebooks, a tool reusing another's functions); defining a flag twice is an
+error.  :func:`define_flags` defines a tool's flags, each unless a tool imported earlier already
+defined a flag of that name (the earlier definition is then shared).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, Tuple
+
+from absl import flags
+
+__all__ = ["define_flags"]
+
+#: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
+#: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
+FlagDefinition = Tuple[Callable, ...]
+
+
+def _kind(flag) -> str:
+    return f"{type(flag).__name__} with {type(flag.parser).__name__}"
+
+
+def define_flags(definitions: Sequence[FlagDefinition], flag_values=flags.FLAGS) -> None:
+    """Calls ``define(name, default, *arguments)`` for each definition whose name is not yet
+    in ``flag_values`` (absl's global ``FLAGS`` by default).
+
+    Raises ``absl.flags.Error`` when a flag of that name exists with another type (e.g. a list
+    flag where this tool needs a string): the two tools cannot share it.
+    """
+    for define, name, default, *arguments in definitions:
+        if name not in flag_values:
+            define(name, default, *arguments, flag_values=flag_values)
+            continue
+        wanted = flags.FlagValues()
+        define(name, default, *arguments, flag_values=wanted)
+        if _kind(wanted[name]) != _kind(flag_values[name]):
+            raise flags.Error(f"flag --{name} is already defined with another type "
+                              f"({_kind(flag_values[name])}); this tool needs "
+                              f"{_kind(wanted[name])}")

@@ -1,0 +1,159 @@
+"""Every use of a private Keras or TensorFlow hook, in one place.
+
+The package relies on a few internals that neither Keras nor TensorFlow documents.  Each one is
+wrapped here by a small function or class, and ``tests/test_compat.py`` checks each hook by
+name, so that a Keras or TensorFlow upgrade that moves or changes one fails that test (naming
+the hook) instead of changing the package's behaviour quietly.  No other module of the package
+touches a private name; ``keras.src`` is imported nowhere.
+
+Hooks (``HOOKS`` lists their names, as the test reports them):
+
+* ``keras.optimizers.Optimizer._all_reduce_sum_gradients`` (TensorFlow backend): Keras 3 sums
+  the gradients passed to ``apply`` across replicas in replica context.  The trainer hands the
+  optimizer gradients it already reduced; :func:`skip_gradient_all_reduce` overrides the hook
+  so that they are not summed twice.
+* ``DropoutRNNCell`` (Keras' mixin class of its dropout RNN cells): ``keras.layers.RNN`` draws
+  the dropout masks of a cell once per sequence, before its loop (required by JAX's scan), only
+  for cells deriving from this class.  It is not exported, so :func:`dropout_rnn_cell_base`
+  finds it in the bases of the public ``keras.layers.LSTMCell`` instead of importing it.
+* ``tf.__internal__.tracking.Trackable``: :func:`is_trackable` (can a ``tf.data`` or
+  distributed iterator go into a ``tf.train.Checkpoint``).
+* ``tf.__internal__.distribute.strategy_supports_no_merge_call``:
+  :func:`strategy_supports_no_merge_call` (whether a conditional update needs a
+  ``merge_call``).
+* ``KerasVariable._value`` (TensorFlow backend): :func:`tf_variable`, the ``tf.Variable`` behind a
+  Keras 3 variable (the SavedModel export tracks these).
+
+TensorFlow is imported lazily, inside the functions that need it: ``deep_nmt_tf.layers`` uses
+this module and stays TensorFlow-free.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+
+__all__ = [
+    "HOOKS",
+    "ALL_REDUCE_HOOK",
+    "skip_gradient_all_reduce",
+    "optimizer_all_reduce_hook_present",
+    "check_optimizer_all_reduce_hook",
+    "dropout_rnn_cell_base",
+    "is_trackable",
+    "strategy_supports_no_merge_call",
+    "tf_variable",
+]
+
+#: Name of Keras 3's TensorFlow-optimizer method that all-reduces gradients in ``apply``.
+ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
+_DROPOUT_RNN_CELL = "DropoutRNNCell"
+_VARIABLE_VALUE = "_value"
+
+#: The private hooks this module wraps (names as tests/test_compat.py reports them).
+HOOKS = (
+    f"keras.optimizers.Optimizer.{ALL_REDUCE_HOOK}",
+    f"keras.layers.LSTMCell base class {_DROPOUT_RNN_CELL}",
+    "tf.__internal__.tracking.Trackable",
+    "tf.__internal__.distribute.strategy_supports_no_merge_call",
+    f"keras.Variable.{_VARIABLE_VALUE}",
+)
+
+# --------------------------------------------------------------------------------------------
+# Keras optimizer: the cross-replica gradient sum inside apply()
+# --------------------------------------------------------------------------------------------
+
+
+def _already_reduced(self, grads_and_vars):
+    """Replaces Keras' cross-replica sum: the gradients are already summed."""
+    del self
+    return list(grads_and_vars)
+
+
+def skip_gradient_all_reduce(cls):
+    """Class decorator: ``cls`` (a Keras optimizer) takes gradients already summed across
+    replicas (overrides ``_all_reduce_sum_gradients``, which Keras' TensorFlow optimizer calls in
+    ``apply`` under a ``tf.distribute`` strategy).  Outside a strategy nothing changes."""
+    setattr(cls, ALL_REDUCE_HOOK, _already_reduced)
+    return cls
+
+
+def optimizer_all_reduce_hook_present() -> bool:
+    """Whether Keras' optimizer base (TensorFlow backend) defines the all-reduce hook that
+    :func:`skip_gradient_all_reduce` overrides."""
+    return any(ALL_REDUCE_HOOK in vars(base) for base in keras.optimizers.Optimizer.__mro__)
+
+
+def check_optimizer_all_reduce_hook() -> None:
+    """Raises ``RuntimeError`` when the TensorFlow backend's optimizer lost the hook (the
+    gradients would then be summed across replicas twice).  No-op on other backends."""
+    if keras.backend.backend() == "tensorflow" and not optimizer_all_reduce_hook_present():
+        raise RuntimeError(
+            f"keras {keras.__version__}: the optimizer hook {ALL_REDUCE_HOOK} is gone; "
+            "deep_nmt_tf.compat must be updated for this Keras version (gradients would be "
+            "summed across replicas twice)")
+
+
+# --------------------------------------------------------------------------------------------
+# Keras RNN: the dropout-cell mixin
+# --------------------------------------------------------------------------------------------
+
+
+def _find_dropout_rnn_cell():
+    for base in keras.layers.LSTMCell.__mro__:
+        if base.__name__ == _DROPOUT_RNN_CELL:
+            return base
+    return None
+
+
+def dropout_rnn_cell_base() -> type:
+    """Keras' ``DropoutRNNCell`` mixin, found among the bases of ``keras.layers.LSTMCell``.
+
+    A cell deriving from it gets its dropout masks drawn once per sequence by
+    ``keras.layers.RNN``, before the loop.  If a Keras version no longer has it, returns
+    ``object`` and warns: the cell then still works in ``keras.layers.RNN`` without recurrent
+    dropout masks drawn in advance (``tests/test_compat.py`` fails on such a version).
+    """
+    base = _find_dropout_rnn_cell()
+    if base is None:
+        warnings.warn(f"keras {keras.__version__}: keras.layers.LSTMCell has no base class "
+                      f"{_DROPOUT_RNN_CELL}; keras.layers.RNN will not pre-draw the recurrent "
+                      "dropout masks of deep_nmt_tf's LSTM cell (deep_nmt_tf.compat needs an "
+                      "update)", RuntimeWarning, stacklevel=2)
+        return object
+    return base
+
+
+# --------------------------------------------------------------------------------------------
+# TensorFlow internals
+# --------------------------------------------------------------------------------------------
+
+
+def is_trackable(obj) -> bool:
+    """Whether ``obj`` can be saved in a ``tf.train.Checkpoint`` (``tf.__internal__``'s
+    ``Trackable``; e.g. a ``tf.data`` iterator under the default strategy)."""
+    import tensorflow as tf
+
+    return isinstance(obj, tf.__internal__.tracking.Trackable)
+
+
+def strategy_supports_no_merge_call() -> bool:
+    """Whether the current ``tf.distribute`` strategy runs replica code without a
+    ``merge_call`` (``tf.__internal__.distribute.strategy_supports_no_merge_call``)."""
+    import tensorflow as tf
+
+    return tf.__internal__.distribute.strategy_supports_no_merge_call()
+
+
+def tf_variable(variable):
+    """The ``tf.Variable`` behind a Keras 3 variable (TensorFlow backend); a ``tf.Variable`` is
+    returned as it is.  Raises ``TypeError`` when there is none."""
+    import tensorflow as tf
+
+    if isinstance(variable, tf.Variable):
+        return variable
+    value = getattr(variable, _VARIABLE_VALUE, None)
+    if not isinstance(value, tf.Variable):
+        raise TypeError(f"cannot find the tf.Variable of {variable!r}")
+    return value

@@ -1,0 +1,150 @@
+"""The private Keras/TensorFlow hooks of deep_nmt_tf.compat, each checked by name.
+
+A failure here means that a Keras or TensorFlow upgrade moved or changed one of the internals
+the package relies on: the message names the hook; update ``deep_nmt_tf/compat.py``.  The last
+test checks that no other module of the package or its tools touches a private hook.
+"""
+
+import contextlib
+import os
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from deep_nmt_tf import compat
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def hook(name):
+    """Turns any failure inside into one that names the hook and the versions."""
+    assert name in compat.HOOKS, name
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - AssertionError included: report them all alike.
+        pytest.fail(f"private hook {name!r} changed (keras {keras.__version__}, tensorflow "
+                    f"{tf.__version__}); update deep_nmt_tf/compat.py: "
+                    f"{type(e).__name__}: {e}", pytrace=False)
+
+
+def test_optimizer_all_reduce_hook():
+    with hook(compat.HOOKS[0]):
+        assert keras.backend.backend() == "tensorflow"
+        assert compat.optimizer_all_reduce_hook_present(), \
+            "no base class of keras.optimizers.Optimizer defines it"
+        compat.check_optimizer_all_reduce_hook()
+        # Keras' apply() still calls the hook with the (gradient, variable) pairs...
+        calls = []
+
+        class Spy(keras.optimizers.SGD):
+            pass
+
+        def spy(self, grads_and_vars):
+            grads_and_vars = list(grads_and_vars)
+            calls.append(grads_and_vars)
+            return grads_and_vars
+
+        setattr(Spy, compat.ALL_REDUCE_HOOK, spy)
+        w = keras.Variable(np.ones([2], np.float32))
+        Spy(learning_rate=0.5).apply([tf.constant([1.0, 2.0])], [w])
+        assert len(calls) == 1 and len(calls[0]) == 1, calls
+        grad, _ = calls[0][0]
+        np.testing.assert_array_equal(np.asarray(grad), [1.0, 2.0])
+        np.testing.assert_allclose(w.numpy(), [0.5, 0.0])
+        # ... and the package's optimizer overrides it with the identity.
+        from deep_nmt_tf.training.optimizers import ReducedGradientsAdam
+
+        pairs = [(tf.constant([3.0]), w)]
+        assert getattr(ReducedGradientsAdam(), compat.ALL_REDUCE_HOOK)(pairs) == pairs
+
+
+def test_dropout_rnn_cell_mixin():
+    from deep_nmt_tf.layers.lstm import LayerNormLSTMCell
+
+    with hook(compat.HOOKS[1]):
+        base = compat.dropout_rnn_cell_base()
+        assert base is not object, "keras.layers.LSTMCell has no base class DropoutRNNCell"
+        for method in ("get_dropout_mask", "get_recurrent_dropout_mask", "reset_dropout_mask",
+                       "reset_recurrent_dropout_mask"):
+            assert callable(getattr(base, method, None)), method
+        assert issubclass(LayerNormLSTMCell, base)
+        # keras.layers.RNN recognises the cell: it draws the recurrent mask before its loop and
+        # resets it after the call.
+        events = []
+
+        class Cell(LayerNormLSTMCell):
+            def get_recurrent_dropout_mask(self, step_input):
+                events.append("get")
+                return super().get_recurrent_dropout_mask(step_input)
+
+            def reset_recurrent_dropout_mask(self):
+                events.append("reset")
+                super().reset_recurrent_dropout_mask()
+
+        rnn = keras.layers.RNN(Cell(4, recurrent_dropout=0.5, seed=1), return_sequences=True)
+        out = rnn(np.ones([2, 3, 5], np.float32), training=True)
+        assert tuple(out.shape) == (2, 3, 4)
+        assert events and events[0] == "get" and events[-1] == "reset", events
+
+
+def test_trackable_iterator_hook(tmp_path):
+    with hook(compat.HOOKS[2]):
+        assert hasattr(tf.__internal__.tracking, "Trackable")
+        iterator = iter(tf.data.Dataset.range(5))
+        assert compat.is_trackable(iterator)
+        assert not compat.is_trackable(object())
+        next(iterator)
+        checkpoint = tf.train.Checkpoint(data_iterator=iterator)
+        path = checkpoint.write(str(tmp_path / "iterator"))
+        next(iterator)
+        checkpoint.read(path).assert_consumed()
+        assert int(next(iterator)) == 1
+
+
+def test_no_merge_call_hook():
+    with hook(compat.HOOKS[3]):
+        assert callable(tf.__internal__.distribute.strategy_supports_no_merge_call)
+        assert isinstance(compat.strategy_supports_no_merge_call(), bool)
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+        result = strategy.run(compat.strategy_supports_no_merge_call)
+        assert isinstance(result, bool)
+
+
+def test_keras_variable_value_hook():
+    with hook(compat.HOOKS[4]):
+        variable = keras.Variable(np.arange(3, dtype=np.float32))
+        assert not isinstance(variable, tf.Variable)
+        backing = compat.tf_variable(variable)
+        assert isinstance(backing, tf.Variable)
+        backing.assign([5.0, 6.0, 7.0])
+        np.testing.assert_array_equal(variable.numpy(), [5.0, 6.0, 7.0])
+        plain = tf.Variable(1.0)
+        assert compat.tf_variable(plain) is plain
+        with pytest.raises(TypeError):
+            compat.tf_variable(object())
+
+
+PRIVATE = re.compile(r"keras\.src|tf\.__internal__|\._value\b|[\"']_value[\"']|"
+                     r"_all_reduce_sum_gradients")
+
+
+def test_private_hooks_only_in_compat():
+    offenders = []
+    for top in ("deep_nmt_tf", "tools"):
+        for directory, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                path = os.path.join(directory, name)
+                if not name.endswith(".py") or os.path.relpath(path, ROOT) == os.path.join(
+                        "deep_nmt_tf", "compat.py"):
+                    continue
+                with open(path, encoding="utf-8") as f:
+                    for number, line in enumerate(f, 1):
+                        if PRIVATE.search(line):
+                            offenders.append(f"{os.path.relpath(path, ROOT)}:{number}: "
+                                             f"{line.strip()}")
+    assert not offenders, "private Keras/TensorFlow hooks outside deep_nmt_tf/compat.py:\n" + \
+        "\n".join(offenders)
