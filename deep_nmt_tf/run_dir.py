@@ -52,7 +52,7 @@ import yaml
 from absl import logging
 
 from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to_dict,
-                                save_config)
+                                legacy, save_config)
 
 __all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "DATA_DIRNAME",
            "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "AVERAGED_FILENAME",
@@ -217,6 +217,11 @@ class RunDir:
             return None
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
+        if legacy.is_legacy(data):  # written by deep_nmt_tf 0.1: the same run, new keys
+            data, moved = legacy.upgrade(data)
+            logging.info("%s: a config of deep_nmt_tf 0.1, read with the current keys (%d "
+                         "keys moved; the file is rewritten when this run trains again)",
+                         path, len(moved))
         section = data.get("data")
         if isinstance(section, dict):
             for key in DATA_PATH_KEYS:
