@@ -91,9 +91,9 @@ class ConvEncoder(Encoder):
         return config
 
 
-def _config(**encoder):
+def _config_dict(**encoder):
     stack = dict(num_layers=1, num_heads=2, ffn_dim=64, norm="pre")
-    return config_from_dict({
+    return {
         "model": {"d_model": 32, "encoder": {"type": "conv", "conv": dict(
                       {"num_layers": 2, "kernel_size": 3}, **encoder)},
                   "decoder": {"transformer": stack}},
@@ -103,7 +103,11 @@ def _config(**encoder):
                      "checkpoint_every": 30, "eval_every": 0,
                      "schedule": {"type": "constant", "constant": {"learning_rate": 1e-2}}},
         "decoding": {"beam_size": 3, "batch_size": 8, "max_length_a": 1.0,
-                     "max_length_b": 4}}, source="<test_extending>")
+                     "max_length_b": 4}}
+
+
+def _config(**encoder):
+    return config_from_dict(_config_dict(**encoder), source="<test_extending>")
 
 
 def test_the_new_type_is_a_strictly_checked_config_choice():
@@ -148,3 +152,33 @@ def test_a_new_encoder_trains_decodes_with_beam_search_and_exports(tmp_path):
     served = loaded.signatures["serving_default"](text=tf.constant(sentences))
     want = [t.decode("utf-8") for t in translator.translate_batch(sentences)["translations"]]
     assert [t.decode("utf-8") for t in served["translations"].numpy()] == want
+
+
+@pytest.mark.slow
+def test_the_tools_import_the_extension_named_in_the_config(tmp_path):
+    """``imports: [module]`` in the YAML: deep-nmt-train imports the module before reading the
+    model section, and the run directory's config.yaml keeps the list, so deep-nmt-translate
+    finds the encoder type too."""
+    import yaml
+
+    from test_training_helpers import run_tool
+
+    data = dict(_config_dict(), imports=["test_extending"])
+    data["training"].update(train_steps=4, checkpoint_every=4, log_every=2)
+    config = tmp_path / "conv.yaml"
+    config.write_text(yaml.safe_dump(data))
+    env = {"PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")])}
+    model_dir = str(tmp_path / "run")
+    proc = run_tool("train", f"--config={config}", f"--model_dir={model_dir}", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    saved = yaml.safe_load(open(os.path.join(model_dir, "config.yaml"), encoding="utf-8"))
+    assert saved["imports"] == ["test_extending"] and saved["model"]["encoder"]["type"] == "conv"
+    proc = run_tool("translate", f"--model_dir={model_dir}", input="a b c\nd e\n", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout.splitlines()) == 2
+    bad = dict(data, imports=["no_such_module_here"])
+    config.write_text(yaml.safe_dump(bad))
+    proc = run_tool("train", f"--config={config}", f"--model_dir={tmp_path / 'bad'}", env=env)
+    assert proc.returncode == 2
+    assert "imports[0]: cannot import 'no_such_module_here'" in proc.stderr

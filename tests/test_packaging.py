@@ -88,3 +88,73 @@ def test_every_tool_imports_with_the_others_in_one_process(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "imported" in proc.stdout
+
+
+def _import_graph():
+    """Module -> the package modules it imports, at any level (function-level imports count):
+    ``import a.b`` and ``from a import b`` (``a.b`` when that is a module, else ``a``)."""
+    modules = {}
+    for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", "**", "*.py"), recursive=True):
+        name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        modules[name.removesuffix(".__init__")] = path
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if full in modules:
+                        edges.add(full)
+                    elif node.module in modules:
+                        edges.add(node.module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def test_no_import_cycles_in_the_package():
+    graph = _import_graph()
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_layering():
+    """layers/, models/, decoding/ and config/ never import TensorFlow (nor config/ Keras);
+    export/ never imports training/."""
+    graph = _import_graph()
+    for name, edges in graph.items():
+        if name.startswith("deep_nmt_tf.export"):
+            assert not any(e.startswith("deep_nmt_tf.training") for e in edges), (name, edges)
+    for package, banned in (("layers", ("tensorflow",)), ("models", ("tensorflow",)),
+                            ("decoding", ("tensorflow",)), ("config", ("tensorflow", "keras"))):
+        for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", package, "*.py")):
+            for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                bad = [n for n in names if n.split(".")[0] in banned]
+                assert not bad, f"{path} imports {bad}"
+
+
+def test_modules_stay_small():
+    """No module of the package over 600 lines; the trainer (one update) at most 450."""
+    for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", "**", "*.py"), recursive=True):
+        lines = sum(1 for _ in open(path, encoding="utf-8"))
+        limit = 450 if path.endswith(os.path.join("training", "trainer.py")) else 600
+        assert lines <= limit, f"{os.path.relpath(path, ROOT)}: {lines} lines (limit {limit})"

@@ -108,7 +108,7 @@ def test_run_json_and_resume_checks(tmp_path, caplog):
     # Resume: training keys may change (logged), the paths did not (not logged).
     longer = dataclasses.replace(config, training=dataclasses.replace(config.training,
                                                                       train_steps=7))
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="absl"):
         assert run.save_config(longer) == config
     changes = [r.getMessage() for r in caplog.records if "Config change" in r.getMessage()]
     assert changes == ["Config change on resume: training.train_steps: 5 -> 7"], changes
@@ -116,7 +116,8 @@ def test_run_json_and_resume_checks(tmp_path, caplog):
 
     # A changed model is refused, before and after data preparation.
     with pytest.raises(ConfigError, match=r"model\.d_model: 512 -> 64"):
-        run.check_config(_prepared(run, "", d_model=64, num_heads=2))
+        run.check_config(_prepared(run, "", d_model=64, encoder={"transformer": {"num_heads": 2}},
+                                   decoder={"transformer": {"num_heads": 2}}))
     unprepared = dataclasses.replace(config, model=dataclasses.replace(config.model,
                                                                        vocab_size=0))
     assert run.check_config(unprepared) == longer

@@ -142,17 +142,18 @@ def run_python(code, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_tool(name, *args, input=None, timeout=300, cwd=None):
+def run_tool(name, *args, input=None, timeout=300, cwd=None, env=None):
     """Runs ``python -m deep_nmt_tf.tools.<name> *args`` in a fresh process, the way an installed
     package runs: from outside the source tree (``cwd``: the temporary directory by default), so
-    that ``deep_nmt_tf`` and its ``tools`` are the installed ones (editable or not)."""
+    that ``deep_nmt_tf`` and its ``tools`` are the installed ones (editable or not); ``env``
+    adds environment variables."""
     import subprocess
     import tempfile
 
     return subprocess.run([sys.executable, "-m", f"deep_nmt_tf.tools.{name}", *args],
                           cwd=cwd or tempfile.gettempdir(), input=input, capture_output=True,
                           text=True, timeout=timeout,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
 
 
 def test_split_batch_keeps_rows():

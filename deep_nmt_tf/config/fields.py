@@ -99,7 +99,7 @@ class Registry:
     def unknown_message(self, name) -> str:
         return (f"{name!r} is not a registered {self.kind} type (known: "
                 f"{', '.join(self.names())}; code outside the package registers its own with "
-                f"{self.how_to_register} before the config is loaded)")
+                f"{self.how_to_register}, in a module the config names under 'imports')")
 
     def names(self) -> List[str]:
         return sorted(self._types)

@@ -14,6 +14,7 @@ set (``file:line``, or ``--override``) and the dotted key, e.g.::
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import typing
@@ -275,25 +276,10 @@ def build_section(cls, data, key: str, locator: Locator, default_where: str):
     return cls(**kwargs)
 
 
-def _register_package_types():
-    """Imports the package's model and schedule modules, whose types may keep their options
-    beside their code (the four built-in encoders, two decoders and four schedules are
-    declared in this package and need no import)."""
-    import importlib
-
-    for module in ("deep_nmt_tf.models", "deep_nmt_tf.training.schedules"):
-        try:
-            importlib.import_module(module)
-        except ImportError:  # e.g. no TensorFlow for the schedules: nothing more to find
-            pass
-
-
 def _build_one_of(cls, data, prefix: str, locator: Locator, default_where: str):
     registry = cls.registry
     type_key = f"{prefix}type"
     chosen = data.get("type", cls.default_type)
-    if isinstance(chosen, str) and chosen not in registry:
-        _register_package_types()
     if not isinstance(chosen, str) or chosen not in registry:
         raise ConfigError(f"{locator.where(type_key, default_where)}: {type_key}: "
                           f"{registry.unknown_message(chosen)}")
@@ -325,9 +311,30 @@ def _build_one_of(cls, data, prefix: str, locator: Locator, default_where: str):
 # --------------------------------------------------------------------------------------------
 
 
+def _import_extensions(data: Dict[str, Any], locator: Locator, source: str) -> None:
+    """Imports the modules of the top-level ``imports`` list before the rest is read, so that
+    the encoder/decoder/schedule types they register can be selected."""
+    modules = data.get("imports") or []
+    if isinstance(modules, str):
+        modules = [modules]
+    if not isinstance(modules, list):
+        return  # build_section reports the wrong type
+    for i, name in enumerate(modules):
+        key = f"imports[{i}]"
+        where = locator.where(key, locator.where("imports", source))
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}: {key}: expected a module name, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any failure of a user's module is reported
+            raise ConfigError(f"{where}: {key}: cannot import {name!r}: "
+                              f"{type(e).__name__}: {e}") from None
+
+
 def _finish(data: Dict[str, Any], locator: Locator, source: str) -> Config:
     from deep_nmt_tf.config.rules import validate
 
+    _import_extensions(data, locator, source)
     cfg = build_section(Config, data, "", locator, source)
     validate(cfg, locator, source)
     cfg.source = source

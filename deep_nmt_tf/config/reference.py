@@ -57,10 +57,7 @@ def _cell(value) -> str:
 
 
 def config_reference_markdown() -> str:
-    """The text of ``docs/CONFIG.md`` (the package's own types, all of them registered)."""
-    from deep_nmt_tf.config.loading import _register_package_types
-
-    _register_package_types()
+    """The text of ``docs/CONFIG.md``."""
     lines = ["# Configuration reference", "",
              "Generated from `deep_nmt_tf/config/` by `python -m deep_nmt_tf.config`; every key "
              "can be set in YAML or with `--override=KEY=VALUE`.", "",

@@ -201,6 +201,10 @@ class DecodingConfig:
 
 @dataclasses.dataclass
 class Config:
+    imports: Tuple[str, ...] = field((), "Python modules imported before the rest of the config "
+                                     "is read (code outside the package that registers "
+                                     "encoder, decoder or schedule types); kept in the run "
+                                     "directory's config.yaml, so every tool imports them.")
     model: ModelConfig = field(ModelConfig(), "Model architecture.")
     data: DataConfig = field(DataConfig(), "Data and vocabulary.")
     training: TrainingConfig = field(TrainingConfig(), "Optimisation and training loop.")
