@@ -18,7 +18,8 @@ def _version():
 CONSOLE_SCRIPTS = [
     f"deep-nmt-{name.replace('_', '-')} = deep_nmt_tf.tools.{name}:run"
     for name in ("build_vocab", "train", "translate", "evaluate", "export",
-                 "average_checkpoints", "plot_diagnostics", "probe_layers", "benchmark")
+                 "average_checkpoints", "plot_diagnostics", "probe_layers", "benchmark",
+                 "experiment")
 ]
 
 setup(

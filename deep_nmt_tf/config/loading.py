@@ -27,7 +27,7 @@ from deep_nmt_tf.config.fields import ConfigError, OneOf, is_section, section_fi
 from deep_nmt_tf.config.schema import Config
 
 __all__ = ["Locator", "load_config", "config_from_dict", "config_to_dict", "save_config",
-           "build_section"]
+           "build_section", "load_section"]
 
 
 class Locator:
@@ -371,6 +371,13 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
     for ov in overrides:
         _apply_override(data, ov, locator)
     return _finish(data, locator, source)
+
+
+def load_section(cls, path: str):
+    """Reads a YAML file (``base:`` includes allowed) into the dataclass section ``cls``, with
+    the same checks and ``file:line`` errors as a config (e.g. an experiment suite file)."""
+    locator = Locator()
+    return build_section(cls, _read_yaml(path, locator), "", locator, path)
 
 
 def config_to_dict(cfg) -> Dict[str, Any]:

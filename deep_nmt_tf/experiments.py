@@ -1,0 +1,438 @@
+"""Experiment suites: several runs on one corpus, each trained, checkpoint-averaged, decoded with
+beam search and scored, with the papers' figures (``deep-nmt-experiment``).
+
+A suite file (``configs/multi30k/suite.yaml``) names the corpus layout and the runs::
+
+    name: multi30k
+    source_suffix: en            # DATA_DIR/train.en, valid.en, test2016.en ...
+    target_suffix: de
+    train: train
+    dev: valid
+    tests: [test2016]
+    seeds: [1]
+    average_last: 10             # the last 10 checkpoints are averaged
+    length_penalties: [0.6, 1.0, 1.4]   # tried on the dev set; the best decodes the tests
+    grad_norm_ratio_runs: [deep_post, deep_post_transparent]
+    probe_runs: [baseline, lexical_shortcuts]
+    runs:
+      - name: baseline
+        config: baseline.yaml    # relative to the suite file
+      - name: deep_post
+        config: deep_post.yaml
+        seeds: [1, 2]            # two runs: deep_post-seed1, deep_post-seed2
+
+Every stage is resumable and skipped when done, so a killed suite continues where it stopped:
+training resumes from the run's last checkpoint; the average, the length-penalty choice, the
+translations and the scores are recorded in the run's ``experiment.json``.
+
+``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
+translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
+also has the reserved keys ``"training"``: updates, seconds, CPU seconds, parameters, seed; and
+``"decoding"``: the beam, the chosen length penalty and its dev BLEU), ``results.md`` (the
+table) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices, lexical
+shortcut gates, embedding-to-layer similarity).
+
+Scores: ``bleu`` is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same
+lowercased (the number the Multi30k literature reports), ``chrf`` sacreBLEU chrF2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+
+from deep_nmt_tf.config import ConfigError, field, load_config
+from deep_nmt_tf.config.loading import load_section
+
+__all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "planned_runs", "run_suite",
+           "score", "RESERVED_KEYS"]
+
+#: Keys of a run's entry in results.json that are not test sets.
+RESERVED_KEYS = ("training", "decoding")
+
+
+@dataclasses.dataclass
+class SuiteRun:
+    """One run of a suite (several with several seeds)."""
+    name: str = field("", "Run name (a directory name: letters, digits, '_', '-', '.').")
+    config: str = field("", "Its config file, relative to the suite file.")
+    seeds: Tuple[int, ...] = field((), "Seeds (default: the suite's); several seeds give "
+                                   "runs NAME-seedN.")
+    average_last: int = field(-1, "Average the last N checkpoints (-1: the suite's; 1: only "
+                              "the last).", min=-1)
+    overrides: Tuple[str, ...] = field((), "Config overrides KEY=VALUE of this run.")
+
+
+@dataclasses.dataclass
+class Suite:
+    """A suite file (module docstring)."""
+    name: str = field("", "Suite name.")
+    description: str = field("", "What the suite compares.")
+    source_suffix: str = field("en", "Source files: DATA_DIR/<split>.<source_suffix>.")
+    target_suffix: str = field("de", "Target files: DATA_DIR/<split>.<target_suffix>.")
+    train: str = field("train", "Training split.")
+    dev: str = field("valid", "Dev split (validation, length-penalty choice).")
+    tests: Tuple[str, ...] = field(("test2016",), "Test splits scored for every run.")
+    seeds: Tuple[int, ...] = field((1,), "Default seeds of the runs.")
+    average_last: int = field(10, "Default number of last checkpoints averaged.", min=1)
+    beam_size: int = field(5, "Beam size of the test translations.", min=1)
+    length_penalties: Tuple[float, ...] = field((0.6,), "Length penalties tried on the dev "
+                                                "set; the best (dev BLEU) decodes the tests.")
+    grad_norm_ratio_runs: Tuple[str, ...] = field((), "Runs whose r_t curves share a figure.")
+    probe_runs: Tuple[str, ...] = field((), "Runs of the embedding-to-layer similarity figure "
+                                        "(Emelin et al. Fig. 6-7).")
+    runs: Tuple[SuiteRun, ...] = field((), "The runs.")
+
+    # Where it was read from (not a key).
+    path: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
+
+
+def load_suite(path: str) -> Suite:
+    """Reads and checks a suite file (errors name file, line and key)."""
+    suite = load_section(Suite, path)
+    suite.path = path
+    names = [r.name for r in suite.runs]
+    for i, run in enumerate(suite.runs):
+        if not run.name or not all(c.isalnum() or c in "_-." for c in run.name):
+            raise ConfigError(f"{path}: runs[{i}].name: {run.name!r} is not a usable name")
+        if not run.config:
+            raise ConfigError(f"{path}: runs[{i}].config: required")
+        if names.count(run.name) > 1:
+            raise ConfigError(f"{path}: runs[{i}].name: {run.name!r} is used twice")
+    for key in ("grad_norm_ratio_runs", "probe_runs"):
+        unknown = [n for n in getattr(suite, key) if n not in names]
+        if unknown:
+            raise ConfigError(f"{path}: {key}: no run named {unknown[0]!r}")
+    return suite
+
+
+def find_suite(name_or_path: str) -> str:
+    """A suite file: the path itself, or ``configs/<name>/suite.yaml`` of the working
+    directory or of the source checkout this package runs from."""
+    if os.path.isfile(name_or_path):
+        return name_or_path
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidates = [os.path.join(root, "configs", name_or_path, "suite.yaml")
+                  for root in (os.getcwd(), here)]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"--suite={name_or_path}: no such file, and none of "
+                            f"{', '.join(candidates)} exists")
+
+
+@dataclasses.dataclass
+class PlannedRun:
+    """A run to do: its name, config file, seed, overrides and checkpoint average."""
+    name: str
+    base: str
+    config: str
+    seed: int
+    overrides: Tuple[str, ...]
+    average_last: int
+
+
+def planned_runs(suite: Suite, only: Sequence[str] = (),
+                 seeds: Sequence[int] = ()) -> List[PlannedRun]:
+    """The suite's runs (``only`` those named; ``seeds`` instead of the suite's)."""
+    unknown = [n for n in only if n not in {r.name for r in suite.runs}]
+    if unknown:
+        raise ValueError(f"--only: no run named {unknown[0]!r} in {suite.path} (runs: "
+                         f"{', '.join(r.name for r in suite.runs)})")
+    out = []
+    for run in suite.runs:
+        if only and run.name not in only:
+            continue
+        run_seeds = list(seeds or run.seeds or suite.seeds)
+        for seed in run_seeds:
+            name = run.name if len(run_seeds) == 1 else f"{run.name}-seed{seed}"
+            out.append(PlannedRun(name, run.name,
+                                  os.path.join(os.path.dirname(suite.path), run.config), seed,
+                                  tuple(run.overrides),
+                                  run.average_last if run.average_last > 0 else
+                                  suite.average_last))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Scores and state
+# --------------------------------------------------------------------------------------------
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, object]:
+    """``bleu`` (sacreBLEU 13a, cased), ``bleu_lc`` (lowercased), ``chrf``, their signatures
+    and the brevity penalty."""
+    import sacrebleu
+
+    refs = [list(references)]
+    cased = sacrebleu.BLEU()
+    lower = sacrebleu.BLEU(lowercase=True)
+    chrf = sacrebleu.CHRF()
+    b, lc, c = (cased.corpus_score(hypotheses, refs), lower.corpus_score(hypotheses, refs),
+                chrf.corpus_score(hypotheses, refs))
+    return {"bleu": round(b.score, 2), "bleu_lc": round(lc.score, 2), "chrf": round(c.score, 2),
+            "brevity_penalty": round(b.bp, 4), "bleu_signature": str(cased.get_signature()),
+            "bleu_lc_signature": str(lower.get_signature()),
+            "chrf_signature": str(chrf.get_signature())}
+
+
+class _State:
+    """A run's ``experiment.json``: what is done, written atomically after each stage."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.data: Dict = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.data = json.load(f)
+
+    def save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def _read_lines(path: str) -> List[str]:
+    from deep_nmt_tf.data.text_io import read_lines
+
+    return list(read_lines(path))
+
+
+def _write_lines(path: str, lines: Sequence[str]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------
+
+
+def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) -> None:
+    from deep_nmt_tf.training import Trainer
+
+    trainer = Trainer(config, run_dir)
+    done = int(trainer.step.numpy())
+    target = config.training.train_steps
+    training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
+    training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
+                    config=os.path.abspath(run.config))
+    if done >= target:
+        training["updates"] = done
+        state.save()
+        return
+    log(f"{run.name}: training from update {done} to {target}")
+    start = [time.perf_counter(), time.process_time()]
+
+    def account(trainer_, step, logs):  # every step: cheap; persisted at each log step
+        now = [time.perf_counter(), time.process_time()]
+        training["seconds"] += now[0] - start[0]
+        training["cpu_seconds"] += now[1] - start[1]
+        start[:] = now
+        training["updates"] = step
+        if step % config.training.log_every == 0 or step == target:
+            state.save()
+
+    trainer.train(hooks=[account])
+    state.save()
+
+
+def _average(run: PlannedRun, run_dir: str, state: _State) -> str:
+    from deep_nmt_tf.export.averaging import average_checkpoints
+    from deep_nmt_tf.run_dir import RunDir
+
+    out = os.path.join(run_dir, "averaged")
+    checkpoints = RunDir(run_dir).list_checkpoints()[-run.average_last:]
+    if state.data.get("averaged") != checkpoints:
+        average_checkpoints(run_dir, out, checkpoints=checkpoints)
+        state.data["averaged"] = checkpoints
+        state.data.pop("decoding", None)  # a new average: decode again
+        state.data.pop("tests", None)
+        state.save()
+    return out
+
+
+def _translate(translator, sentences: Sequence[str], beam: int, alpha: float) -> List[str]:
+    return [h[0].text for h in translator.translate(sentences, beam_size=beam,
+                                                    length_penalty=alpha)]
+
+
+def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
+            tests: Dict[str, Tuple[str, str]], run_dir: str, state: _State,
+            log: Callable) -> Dict[str, Dict]:
+    from deep_nmt_tf.export.translator import Translator
+
+    translator = None
+    decoding = state.data.get("decoding")
+    if decoding is None or decoding.get("candidates") != list(suite.length_penalties):
+        translator = Translator.from_model_dir(model_dir)
+        sources, refs = _read_lines(dev[0]), _read_lines(dev[1])
+        tried = {}
+        for alpha in suite.length_penalties:
+            tried[str(alpha)] = score(_translate(translator, sources, suite.beam_size, alpha),
+                                      refs)["bleu"]
+            log(f"{run.name}: dev BLEU {tried[str(alpha)]:.2f} at length penalty {alpha}")
+        best = max(suite.length_penalties, key=lambda a: (tried[str(a)], -a))
+        decoding = {"beam_size": suite.beam_size, "length_penalty": best,
+                    "dev_bleu": tried[str(best)], "tried": tried,
+                    "candidates": list(suite.length_penalties)}
+        state.data["decoding"] = decoding
+        state.data.pop("tests", None)
+        state.save()
+    results = state.data.setdefault("tests", {})
+    for name, (src, ref) in tests.items():
+        if name in results:
+            continue
+        translator = translator or Translator.from_model_dir(model_dir)
+        hyps = _translate(translator, _read_lines(src), decoding["beam_size"],
+                          decoding["length_penalty"])
+        _write_lines(os.path.join(run_dir, f"{name}.hyp"), hyps)
+        results[name] = score(hyps, _read_lines(ref))
+        log(f"{run.name}: {name}: BLEU {results[name]['bleu']:.2f} (lowercased "
+            f"{results[name]['bleu_lc']:.2f}), chrF {results[name]['chrf']:.2f}")
+        state.save()
+    return results
+
+
+def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
+            dev: Tuple[str, str], tests: Dict[str, Tuple[str, str]], output_dir: str,
+            max_steps: Optional[int] = None, overrides: Sequence[str] = (),
+            log: Callable = logging.info) -> Dict:
+    """Trains, averages, decodes and scores one run (each stage skipped when done); returns
+    its results.json entry."""
+    run_dir = os.path.join(output_dir, "runs", run.name)
+    os.makedirs(run_dir, exist_ok=True)
+    state = _State(os.path.join(run_dir, "experiment.json"))
+    extra = [f"training.seed={run.seed}"] + list(overrides)
+    config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra)
+    if max_steps:
+        steps = min(config.training.train_steps, max_steps)
+        config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra +
+                             [f"training.train_steps={steps}"])
+    _train(run, config, run_dir, state, log)
+    averaged = _average(run, run_dir, state)
+    results = dict(_decode(run, suite, averaged, dev, tests, run_dir, state, log))
+    out = {name: {k: results[name][k] for k in ("bleu", "bleu_lc", "chrf")}
+           for name in tests}
+    out["training"] = dict(state.data["training"], averaged=len(state.data["averaged"]))
+    out["decoding"] = {k: state.data["decoding"][k]
+                       for k in ("beam_size", "length_penalty", "dev_bleu")}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The suite
+# --------------------------------------------------------------------------------------------
+
+
+def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
+    head = ["run", "params", "updates", "train min", "alpha"]
+    for t in tests:
+        head += [f"{t} BLEU lc", f"{t} BLEU", f"{t} chrF"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, r in results.items():
+        t = r["training"]
+        cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", str(t.get("updates", "")),
+                 f"{t.get('seconds', 0.0) / 60:.0f}", str(r["decoding"]["length_penalty"])]
+        for test in tests:
+            s = r.get(test, {})
+            cells += [f"{s.get('bleu_lc', float('nan')):.2f}", f"{s.get('bleu', float('nan')):.2f}",
+                      f"{s.get('chrf', float('nan')):.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _figures(suite: Suite, runs: List[PlannedRun], output_dir: str, test: Tuple[str, str],
+             log: Callable) -> List[str]:
+    from deep_nmt_tf.analysis.figures import plot_runs
+    from deep_nmt_tf.analysis.probe import probe_models, save_results
+
+    figures_dir = os.path.join(output_dir, "figures")
+    directory = {r.name: os.path.join(output_dir, "runs", r.name) for r in runs}
+    by_base = {}
+    for r in runs:
+        by_base.setdefault(r.base, []).append(r.name)
+    written = []
+    ratio = [n for base in suite.grad_norm_ratio_runs for n in by_base.get(base, [])]
+    if ratio:
+        written += plot_runs([directory[n] for n in ratio], ratio, figures_dir,
+                             figures=("grad_norm_ratio",), log=log)
+    written += plot_runs([directory[r.name] for r in runs], [r.name for r in runs], figures_dir,
+                         figures=("transparent", "dlcl", "gates"), log=log)
+    probe = [n for base in suite.probe_runs for n in by_base.get(base, [])]
+    if probe:
+        results = probe_models([os.path.join(directory[n], "averaged") for n in probe], probe,
+                               source=test[0], target=test[1], max_sentences=500)
+        written += save_results(results, os.path.join(figures_dir, "probe"))
+    return written
+
+
+def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] = (),
+              seeds: Sequence[int] = (), max_steps: Optional[int] = None,
+              extra_tests: Sequence[Tuple[str, str, str]] = (),
+              overrides: Sequence[str] = (), log: Callable = logging.info) -> Dict[str, Dict]:
+    """Runs the suite (module docstring); returns and writes ``results.json``.
+
+    Args:
+      suite: from :func:`load_suite`.
+      data_dir: holds ``<split>.<suffix>`` files for the suite's train, dev and test splits.
+      output_dir: where runs, results and figures go (reused: finished stages are skipped).
+      only: run names to do (default all).
+      seeds: seeds instead of the suite's.
+      max_steps: cap on every run's ``training.train_steps`` (smoke tests).
+      extra_tests: ``(name, source, reference)`` test sets scored besides the suite's.
+      overrides: config overrides for every run.
+    """
+    def split(name):
+        return tuple(os.path.abspath(os.path.join(data_dir, f"{name}.{suffix}"))
+                     for suffix in (suite.source_suffix, suite.target_suffix))
+
+    train, dev = split(suite.train), split(suite.dev)
+    tests = {name: split(name) for name in suite.tests}
+    for name, src, ref in extra_tests:
+        if name in tests or name in RESERVED_KEYS:
+            raise ValueError(f"--extra_test: the name {name!r} is taken")
+        tests[name] = (os.path.abspath(src), os.path.abspath(ref))
+    for path in (*train, *dev, *(p for pair in tests.values() for p in pair)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: not found (--data_dir={data_dir}, suite "
+                                    f"{suite.path})")
+    data_overrides = ["data.corpus=files", f"data.train_source={train[0]}",
+                      f"data.train_target={train[1]}", f"data.dev_source={dev[0]}",
+                      f"data.dev_target={dev[1]}", f"data.test_source={tests[suite.tests[0]][0]}"
+                      if suite.tests else "data.test_source=",
+                      f"data.test_target={tests[suite.tests[0]][1]}"
+                      if suite.tests else "data.test_target="]
+    runs = planned_runs(suite, only, seeds)
+    os.makedirs(output_dir, exist_ok=True)
+    results_path = os.path.join(output_dir, "results.json")
+    results: Dict[str, Dict] = {}
+    if os.path.exists(results_path):
+        with open(results_path, encoding="utf-8") as f:
+            results = json.load(f)
+    for run in runs:
+        results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
+                                    max_steps, overrides, log)
+        _write_results(results, results_path, list(tests), output_dir)
+    first_test = next(iter(tests.values()), dev)
+    _figures(suite, runs, output_dir, first_test, log)
+    return results
+
+
+def _write_results(results: Dict[str, Dict], path: str, tests: List[str],
+                   output_dir: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    names = [t for t in tests if any(t in r for r in results.values())]
+    with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(_markdown(results, names))

@@ -1,0 +1,97 @@
+"""deep-nmt-experiment: the Multi30k suite file, and a short run of it on tiny synthetic data
+(train, average, tune the length penalty on dev, decode, score, results.json, resume)."""
+
+import json
+import os
+
+import pytest
+
+from deep_nmt_tf.config import ConfigError
+from deep_nmt_tf.experiments import (RESERVED_KEYS, find_suite, load_suite, planned_runs,
+                                     score)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUITE = os.path.join(ROOT, "configs", "multi30k", "suite.yaml")
+# The baseline made tiny (the recipe otherwise as configured): a smoke test of the tool.
+TINY = ["model.d_model=16", "data.vocab_size=200", "training.batch_tokens=600",
+        "training.checkpoint_every=100", "training.eval_every=0", "decoding.batch_size=16"] + [
+    f"model.{stack}.transformer.{key}" for stack in ("encoder", "decoder")
+    for key in ("num_layers=1", "num_heads=2", "ffn_dim=32")]
+
+
+def _corpus(directory, sizes=(("train", 400), ("valid", 12), ("test2016", 10))):
+    """The synthetic language pair under Multi30k's file names."""
+    from deep_nmt_tf.data.synthetic import generate_pairs
+
+    os.makedirs(directory, exist_ok=True)
+    pairs = generate_pairs(sum(n for _, n in sizes), seed=5)
+    start = 0
+    for split, n in sizes:
+        for side, index in (("en", 0), ("de", 1)):
+            with open(os.path.join(directory, f"{split}.{side}"), "w", encoding="utf-8") as f:
+                f.writelines(p[index] + "\n" for p in pairs[start:start + n])
+        start += n
+    return str(directory)
+
+
+def test_the_multi30k_suite_resolves_every_run():
+    suite = load_suite(find_suite(SUITE))
+    runs = planned_runs(suite)
+    names = [r.name for r in runs]
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 12
+    from deep_nmt_tf.config import load_config
+
+    for run in runs:
+        load_config(run.config)  # every run's config loads
+    with pytest.raises(ValueError, match="no run named 'nope'"):
+        planned_runs(suite, only=["nope"])
+
+
+def test_suite_file_errors_name_the_key(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text("runs:\n  - {name: a, config: a.yaml, sedes: [1]}\n")
+    with pytest.raises(ConfigError, match=r"suite.yaml:2: runs\[0\]\.sedes: unknown key"):
+        load_suite(str(path))
+    path.write_text("probe_runs: [b]\nruns:\n  - {name: a, config: a.yaml}\n")
+    with pytest.raises(ConfigError, match="probe_runs: no run named 'b'"):
+        load_suite(str(path))
+
+
+def test_scores_are_sacrebleu_cased_lowercased_and_chrf():
+    got = score(["a Cat sat .", "hello"], ["a cat sat .", "hello"])
+    assert got["bleu_lc"] > got["bleu"] and 0.0 < got["chrf"] <= 100.0
+    assert "case:lc" in got["bleu_lc_signature"] and "case:mixed" in got["bleu_signature"]
+
+
+@pytest.mark.slow
+def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
+    from test_training_helpers import run_tool
+
+    data = _corpus(tmp_path / "data")
+    out = str(tmp_path / "out")
+    args = [f"--suite={SUITE}", f"--data_dir={data}", f"--output_dir={out}",
+            "--only=baseline", "--max_steps=300",
+            f"--extra_test=again={data}/test2016.en:{data}/test2016.de"] + [
+        f"--override={o}" for o in TINY]
+    proc = run_tool("experiment", *args, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+    entry = results["baseline"]
+    assert set(entry) == {"test2016", "again", *RESERVED_KEYS}
+    for test in ("test2016", "again"):
+        assert set(entry[test]) == {"bleu", "bleu_lc", "chrf"}
+        assert 0.0 < entry[test]["chrf"] <= 100.0 and entry[test]["bleu_lc"] >= entry[test]["bleu"]
+    assert entry["test2016"] == entry["again"]  # the same set scored twice
+    assert entry["training"]["updates"] == 300 and entry["training"]["averaged"] == 3
+    assert entry["decoding"]["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4)
+    run_dir = os.path.join(out, "runs", "baseline")
+    assert len(open(os.path.join(run_dir, "test2016.hyp"), encoding="utf-8").readlines()) == 10
+    assert "| baseline |" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    assert any(f.endswith(".png") for f in os.listdir(os.path.join(out, "figures")))
+    # Run again: every stage is done, nothing is trained or decoded again.
+    before = os.path.getmtime(os.path.join(run_dir, "test2016.hyp"))
+    proc = run_tool("experiment", *args, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "training from update" not in proc.stderr
+    assert os.path.getmtime(os.path.join(run_dir, "test2016.hyp")) == before
+    assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == results

@@ -1,0 +1,94 @@
+r"""Runs an experiment suite: trains each run, averages its last checkpoints, decodes the test
+sets with beam search and scores them, then draws the papers' figures.
+
+    deep-nmt-experiment --suite=multi30k --data_dir=../shared/data/multi30k \
+        --output_dir=experiments/multi30k [--only=baseline,deep_post] [--seeds=1,2] \
+        [--max_steps=300] [--extra_test=flickr2017=test2017.en:test2017.de] \
+        [--override=training.batch_tokens=4096]
+
+``--suite`` is a suite file or the name of ``configs/<name>/suite.yaml``; ``--data_dir`` holds
+its splits (``train``, ``valid``, ``test2016`` with ``.en``/``.de`` suffixes for Multi30k).
+A killed suite continues where it stopped when run again (finished stages are skipped); one run
+alone is ``--only=NAME``.  Writes ``OUTPUT_DIR/results.json``, ``results.md``, ``figures/`` and
+``runs/<run>/`` (see :mod:`deep_nmt_tf.experiments`).
+
+Exit status: 0 on success, 2 for a bad suite file, config, flag or data (named, no traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from absl import app, flags
+
+from deep_nmt_tf.cli import define_flags
+
+FLAGS = flags.FLAGS
+
+define_flags([
+    (flags.DEFINE_string, "suite", None, "Suite file, or NAME for configs/NAME/suite.yaml."),
+    (flags.DEFINE_string, "data_dir", None, "Directory of the suite's corpus files."),
+    (flags.DEFINE_string, "output_dir", None, "Where runs, results and figures go."),
+    (flags.DEFINE_list, "only", [], "Only these runs (names of the suite file)."),
+    (flags.DEFINE_list, "seeds", [], "Seeds instead of the suite's (integers)."),
+    (flags.DEFINE_integer, "max_steps", None, "Cap every run's training.train_steps."),
+    (flags.DEFINE_multi_string, "extra_test", [], "NAME=SOURCE:REFERENCE, another test set "
+                                                  "to score (repeatable)."),
+    (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE for every run "
+                                                "(repeatable)."),
+])
+
+
+def _fail(message: str) -> None:
+    print(f"experiment: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _extra_tests(values):
+    tests = []
+    for value in values:
+        name, _, paths = value.partition("=")
+        source, _, reference = paths.partition(":")
+        if not (name and source and reference):
+            _fail(f"--extra_test={value!r}: expected NAME=SOURCE:REFERENCE")
+        tests.append((name, source, reference))
+    return tests
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
+    if not (FLAGS.suite and FLAGS.data_dir and FLAGS.output_dir):
+        raise app.UsageError("--suite, --data_dir and --output_dir are required")
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        _fail(f"--seeds={','.join(FLAGS.seeds)}: integers expected")
+    if FLAGS.max_steps is not None and FLAGS.max_steps < 1:
+        _fail("--max_steps must be >= 1")
+    extra = _extra_tests(FLAGS.extra_test)
+    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
+
+    try:
+        suite = load_suite(find_suite(FLAGS.suite))
+        results = run_suite(suite, FLAGS.data_dir, FLAGS.output_dir, only=FLAGS.only,
+                            seeds=seeds, max_steps=FLAGS.max_steps, extra_tests=extra,
+                            overrides=FLAGS.override)
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    for name, entry in results.items():
+        scores = ", ".join(f"{test} {s['bleu_lc']:.2f} lc / {s['bleu']:.2f} cased"
+                           for test, s in entry.items() if test not in ("training", "decoding"))
+        print(f"{name}: {scores}")
+
+
+def run() -> None:
+    """Console-script entry point (``deep-nmt-experiment``)."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
