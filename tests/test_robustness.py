@@ -610,6 +610,11 @@ def test_tools_accept_relative_and_absolute_paths_and_moved_runs(real_run, tmp_p
 
 
 def test_average_overwrite_and_unrelated_runs(real_run, tmp_path, caplog):
+    # An earlier average of the same run is replaced without --overwrite.
+    for last in (1, 2):
+        assert _tool(average_tool, f"--model_dir={real_run['run']}", f"--output={tmp_path}/a",
+                     f"--last={last}") == ""
+    assert len(open(f"{tmp_path}/a/averaged_checkpoints.txt").read().split()) == 2
     victim = _copy(real_run, tmp_path, "victim")
     assert _tool(average_tool, f"--model_dir={real_run['run']}", f"--output={victim}",
                  "--last=2", "--overwrite") == ""

@@ -9,8 +9,8 @@ directory that ``deep-nmt-translate``, ``deep-nmt-evaluate`` and ``deep-nmt-expo
 gets ``config.yaml``, a copy of the vocabulary and one checkpoint ``ckpt-<step>`` (the newest
 averaged step) in the trainer's checkpoint layout.
 
-An ``--output`` that holds a run (another training run, an earlier average) is refused unless
-``--overwrite`` is given; checkpoints of another model are refused, naming the first variable
+An ``--output`` that holds a run (a training run, an average of another run's checkpoints) is
+refused unless ``--overwrite`` is given (an earlier average of ``--model_dir`` is replaced); checkpoints of another model are refused, naming the first variable
 that differs.
 """
 

@@ -9,7 +9,8 @@ numbered with the newest averaged step, managed by ``tf.train.CheckpointManager`
 ``tf.train.latest_checkpoint`` finds it).  Optimizer slots and training counters are left out.
 
 An output directory that holds a run (its ``config.yaml``, checkpoints ...) is refused unless
-``overwrite`` (its earlier checkpoints are then removed); a checkpoint of another model is
+``overwrite`` (its earlier checkpoints are then removed), or unless it holds an earlier average
+of the same ``model_dir``'s checkpoints, which a new average replaces; a checkpoint of another model is
 refused naming the first variable that differs (before anything is written); checkpoints from
 several run directories are averaged with a WARNING (unrelated runs of one architecture average
 to garbage unless one was warm-started from the other).
@@ -57,6 +58,19 @@ def average_model_variables(model, checkpoints: Sequence[str]) -> None:
             v.assign((total / len(checkpoints)).astype(tf.as_dtype(v.dtype).as_numpy_dtype))
 
 
+def _is_average_of(target: RunDir, model_dir: str) -> bool:
+    """Whether ``target`` holds an earlier average of checkpoints of ``model_dir`` (replacing it
+    with a newer average loses nothing)."""
+    try:
+        with open(target.averaged_list_path, encoding="utf-8") as f:
+            averaged = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return False
+    source = os.path.abspath(model_dir)
+    return bool(averaged) and all(os.path.abspath(os.path.dirname(p)) == source
+                                  for p in averaged)
+
+
 def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
                         checkpoints: Optional[Sequence[str]] = None,
                         overwrite: bool = False) -> str:
@@ -67,13 +81,14 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
       output_dir: new model directory (created; must not be ``model_dir``).
       last: number of newest checkpoints to average.
       checkpoints: explicit checkpoint prefixes instead of ``last``.
-      overwrite: replace the run in ``output_dir`` if there is one (module docstring).
+      overwrite: replace the run in ``output_dir`` if there is one (without it, only an
+        earlier average of ``model_dir`` is replaced; module docstring).
 
     Returns:
       The path of the written checkpoint.
 
     Raises:
-      RunDirError: ``output_dir`` holds a run and not ``overwrite``.
+      RunDirError: ``output_dir`` holds another run and not ``overwrite``.
       CheckpointError: a checkpoint is damaged or of another model.
       FileNotFoundError: no (such) checkpoint.
     """
@@ -82,7 +97,7 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     if os.path.abspath(output_dir) == os.path.abspath(model_dir):
         raise ValueError("--output must differ from --model_dir")
     source, target = RunDir(model_dir), RunDir(output_dir)
-    if not overwrite:
+    if not overwrite and not _is_average_of(target, model_dir):
         target.refuse_overwrite("the averaged model", "--overwrite")
     config = source.load_config()
     if checkpoints is None:
