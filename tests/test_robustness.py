@@ -742,6 +742,38 @@ def _train_until_signal(config, model_dir, sig, after_step):
     return proc.wait(timeout=120), "".join(lines)
 
 
+SIGNAL_CASES = [
+    # (signal, sent after step, checkpoint_every): the run stops at that step, saved.
+    (signal.SIGTERM, 3, 100),
+    (signal.SIGINT, 2, 100),
+    (signal.SIGTERM, 2, 2),  # a checkpoint of that step exists already: not written twice
+]
+
+
+@pytest.mark.parametrize("sig,after,every", SIGNAL_CASES,
+                         ids=["SIGTERM", "SIGINT", "SIGTERM at a checkpoint step"])
+def test_signal_stops_after_the_update_with_a_checkpoint(tmp_path, sig, after, every):
+    from deep_nmt_tf.training import TrainingInterrupted
+
+    run = str(tmp_path / "run")
+    trainer = make_trainer_class(make_batches(4))(
+        tiny_config(train_steps=50, checkpoint_every=every, log_every=1), run)
+
+    def send(trainer_, step, logs):
+        if step == after:
+            os.kill(os.getpid(), sig)
+
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer.train(hooks=[send])
+    name = signal.Signals(sig).name
+    assert str(stopped.value) == (f"interrupted by {name} at step {after}; saved "
+                                  f"{os.path.join(run, f'ckpt-{after}')}. Run the same command "
+                                  "again to resume from it.")
+    assert int(trainer.step.numpy()) == after
+    assert checkpointing.list_checkpoints(run)[-1] == os.path.join(run, f"ckpt-{after}")
+    assert signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler)  # restored
+
+
 @pytest.mark.slow
 def test_sigterm_and_ctrl_c_save_a_checkpoint_and_say_how_to_resume(tmp_path):
     tree = dict(RUN, training=dict(RUN["training"], train_steps=100000, log_every=1,

@@ -104,6 +104,9 @@ def main(argv: Sequence[str]) -> None:
                           start_over=FLAGS.start_over)
     except (ConfigError, DataError, CheckpointError) as e:  # E.g. another model's model_dir.
         _fail(str(e))
+    except KeyboardInterrupt:  # Before training: nothing new to save.
+        print("train: interrupted before training started", file=sys.stderr)
+        sys.exit(130)
     try:
         results = trainer.runner.run()
     except TrainingInterrupted as e:

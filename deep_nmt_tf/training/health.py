@@ -49,7 +49,12 @@ class TrainingInterrupted(KeyboardInterrupt):
 
     def __init__(self, signal_name: str, step: int, checkpoint: Optional[str]):
         self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
-        saved = f"saved {checkpoint}" if checkpoint else "the chief saved a checkpoint"
+        if checkpoint:
+            saved = f"saved {checkpoint}"
+        elif step:
+            saved = "the chief saved a checkpoint"
+        else:
+            saved = "no update was made, nothing to save"
         super().__init__(f"interrupted by {signal_name} at step {step}; {saved}. Run the same "
                          "command again to resume from it.")
 
