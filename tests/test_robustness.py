@@ -569,6 +569,9 @@ TOOL_CASES = [
      lambda r, t: ([f"--model_dir={_a_file(r, t)}"], None), r"not_a_dir is a file"),
     ("export: --model_dir is a file", export_tool,
      lambda r, t: ([f"--model_dir={_a_file(r, t)}"], None), r"not_a_dir is a file"),
+    ("build-vocab: --model_dir is a file", build_vocab_tool,
+     lambda r, t: ([f"--config={_write(t / 'c.yaml', SYNTHETIC)}",
+                    f"--model_dir={_a_file(r, t)}"], None), r"not_a_dir is a file"),
     ("average: --model_dir is a file", average_tool,
      lambda r, t: ([f"--model_dir={_a_file(r, t)}", f"--output={t}/avg"], None),
      r"not_a_dir is a file"),
@@ -833,6 +836,11 @@ def test_translations_are_written_as_they_are_produced(tmp_path):
     output = str(tmp_path / "out.txt")
     with pytest.raises(_Interrupted):
         translate_tool.translate_file(_ChunkedTranslator(), source, output, progress=False)
+    assert open(output).read() == "T(a)\nT(b)\n"
+    # deep-nmt-evaluate --output, likewise.
+    reference = _write(tmp_path / "ref.txt", "a\nb\nc\nd\n")
+    with open(output, "w", encoding="utf-8") as f, pytest.raises(_Interrupted):
+        evaluate_tool.evaluate_translator(_ChunkedTranslator(), source, reference, output=f)
     assert open(output).read() == "T(a)\nT(b)\n"
 
 
