@@ -300,11 +300,17 @@ class RunDir:
 
         Raises:
           ConfigError: the ``model`` section differs from the saved one (naming the keys, with
-            the old and new values).
+            the old and new values), or the vocabulary this config would use (:meth:`vocab_path`)
+            is not the one ``run.json`` records (:meth:`check_vocab`): refused before the data is
+            prepared, so nothing in the run directory changes.
         """
         previous = self.saved_config()
         if previous is None:
             return None
+        try:
+            self.check_vocab(self.vocab_path(config), config.source)
+        except FileNotFoundError:  # None yet: data preparation learns or reports it.
+            pass
         changed = config_differences(previous, config, "model")
         if config.model.vocab_size == 0:
             changed = [k for k in changed if k != "model.vocab_size"]

@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import tensorflow as tf
@@ -563,7 +563,65 @@ TOOL_CASES = [
      lambda r, t: ([f"--input={r['run']}/data/train.src",
                     f"--output={_copy(r, t, 'trained')}/vocab.txt"], str(t / "trained")),
      r"trained holds a run"),
+    # The other tools' --model_dir that is a file, --checkpoint that does not exist, an
+    # --output checked before any model is loaded (the run directory here does not exist).
+    ("evaluate: --model_dir is a file", evaluate_tool,
+     lambda r, t: ([f"--model_dir={_a_file(r, t)}"], None), r"not_a_dir is a file"),
+    ("export: --model_dir is a file", export_tool,
+     lambda r, t: ([f"--model_dir={_a_file(r, t)}"], None), r"not_a_dir is a file"),
+    ("build-vocab: --model_dir is a file", build_vocab_tool,
+     lambda r, t: ([f"--config={_write(t / 'c.yaml', SYNTHETIC)}",
+                    f"--model_dir={_a_file(r, t)}"], None), r"not_a_dir is a file"),
+    ("average: --model_dir is a file", average_tool,
+     lambda r, t: ([f"--model_dir={_a_file(r, t)}", f"--output={t}/avg"], None),
+     r"not_a_dir is a file"),
+    ("evaluate: --checkpoint that does not exist", evaluate_tool,
+     lambda r, t: ([f"--model_dir={r['run']}", f"--checkpoint={r['run']}/ckpt-999"], None),
+     r"ckpt-999: no such checkpoint \(.*checkpoints in .*: ckpt-2, ckpt-4\)"),
+    ("export: --checkpoint that does not exist", export_tool,
+     lambda r, t: ([f"--model_dir={_copy(r, t)}", f"--checkpoint={t}/copy/ckpt-999"],
+                   str(t / "copy")),
+     r"ckpt-999: no such checkpoint"),
+    ("average: --checkpoints that do not exist", average_tool,
+     lambda r, t: ([f"--model_dir={r['run']}", f"--output={t}/avg",
+                    f"--checkpoints={r['run']}/ckpt-4,{r['run']}/ckpt-999"], None),
+     r"ckpt-999: no such checkpoint"),
+    ("translate: --output checked before the model is loaded", translate_tool,
+     lambda r, t: ([f"--model_dir={t}/no_run", f"--output={t}/missing/out.txt"], None),
+     r"--output=.*missing/out\.txt: cannot write it"),
+    ("evaluate: --output checked before the model is loaded", evaluate_tool,
+     lambda r, t: ([f"--model_dir={t}/no_run", f"--output={t}"], None),
+     r"--output=.*: cannot write it: it is a directory"),
+    ("train: --worker_timeout=nan", train_tool,
+     lambda r, t: ([f"--config={_write(t / 'c.yaml', SYNTHETIC)}", f"--model_dir={t}/run",
+                    "--worker_timeout=nan"], None),
+     r"--worker_timeout=nan: must be a finite number"),
+    # deep-nmt-train on a copy of the trained run (issue 10, cases 1 and 4).
+    ("train: every checkpoint unreadable", train_tool,
+     lambda r, t: (_train_args(r, t, _all(*[_damage_data(s, "truncate") for s in (2, 4)])),
+                   str(t / "copy")),
+     r"train: error: .*copy has checkpoints but none can be read \(.*ckpt-4\.data-00000-of-"
+     r"00001 is damaged.*ckpt-2\.data-00000-of-00001 is damaged.*\)\. Nothing was changed.*"
+     r"--start_over"),
+    ("train: --start_over with a readable checkpoint", train_tool,
+     lambda r, t: (_train_args(r, t) + ["--start_over"], str(t / "copy")),
+     r"has a valid checkpoint, .*copy/ckpt-4: --start_over only starts over"),
+    ("train: resumed with another vocabulary of the same size", train_tool,
+     lambda r, t: (_train_args(r, t, _swap_vocab), str(t / "copy")),
+     r"train: error: .*vocabulary .*copy/vocab\.txt \(\d+ tokens.*\) is not the vocabulary "
+     r"this model directory was trained with: .*copy/vocab\.txt"),
 ]
+
+
+def _train_args(real_run, tmp_path, damage=None, **training):
+    """deep-nmt-train's flags for a copy of the trained run (``MODEL_DIR = tmp/copy``),
+    damaged by ``damage(copy)``."""
+    run = _copy(real_run, tmp_path)
+    if damage:
+        damage(run)
+    tree = dict(RUN, training=dict(RUN["training"], **training))
+    return [f"--config={_write(tmp_path / 'c.yaml', yaml.safe_dump(tree))}",
+            f"--model_dir={run}"]
 
 
 def _broken_vocab(real_run, tmp_path):
@@ -592,7 +650,8 @@ def test_tool_errors(real_run, tmp_path, capfd, caplog, case, tool, arguments, e
 
 def test_tools_accept_relative_and_absolute_paths_and_moved_runs(real_run, tmp_path,
                                                                  monkeypatch):
-    """Relative and absolute --model_dir alike, in a moved copy of the run."""
+    """Relative and absolute --model_dir alike, in a moved copy of the run: translation and
+    averaging; evaluation and export with the relative one."""
     moved = _copy(real_run, tmp_path, "moved")
     text = _write(tmp_path / "in.txt", "Ta broku glimo.\n")
     outputs = {}
@@ -607,6 +666,69 @@ def test_tools_accept_relative_and_absolute_paths_and_moved_runs(real_run, tmp_p
                      "--last=2") == ""
         assert checkpointing.list_checkpoints(avg)[-1].endswith("ckpt-4")
     assert outputs["relative"] == outputs["absolute"] and outputs["relative"].strip()
+    # Evaluation (on the test set config.yaml names, inside the moved run) and export.
+    assert _tool(evaluate_tool, "--model_dir=moved", "--output=test.hyp", "--beam_size=1",
+                 "--nojit_compile") == ""
+    assert len(open("test.hyp").read().splitlines()) == RUN["data"]["synthetic_test_size"]
+    assert _tool(export_tool, "--model_dir=moved", "--nojit_compile") == ""
+    assert os.path.exists(os.path.join(moved, "exports", "1", "saved_model.pb"))
+
+
+def test_a_run_trained_with_a_relative_model_dir_keeps_its_vocabulary_when_moved(
+        real_run, tmp_path, monkeypatch):
+    """The issue's case: a run directory given relative (``runs/demo``) and then moved must not
+    pick up whatever vocabulary lies at ``runs/demo/vocab.txt`` afterwards."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(real_run["run"], os.path.join("runs", "demo"))
+    config = _write(tmp_path / "c.yaml", yaml.safe_dump(RUN))
+    # Resumes at step 4 (nothing left to train) and rewrites config.yaml and run.json.
+    assert _tool(train_tool, f"--config={config}", "--model_dir=runs/demo") == ""
+    with open(os.path.join("runs", "demo", "config.yaml"), encoding="utf-8") as f:
+        data = yaml.safe_load(f)["data"]
+    assert data["vocab"] == "vocab.txt" and data["test_source"] == "data/test.src", data
+    shutil.move(os.path.join("runs", "demo"), "moved")
+    shutil.copytree(real_run["run"], os.path.join("runs", "demo"))
+    _swap_vocab(os.path.join("runs", "demo"))  # another run's vocabulary at the old path
+    assert RunDir("moved").load_config().data.vocab == os.path.join("moved", "vocab.txt")
+    text = _write(tmp_path / "in.txt", "Ta broku glimo.\nBroku ta.\n")
+    for model_dir in ("moved", real_run["run"]):
+        assert _tool(translate_tool, f"--model_dir={model_dir}", f"--input={text}",
+                     f"--output={model_dir.replace(os.sep, '_')}.txt", "--nojit_compile",
+                     "--noprogress") == ""
+    moved_out = open("moved.txt").read()
+    assert moved_out.strip() and moved_out == open(
+        real_run["run"].replace(os.sep, "_") + ".txt").read()
+
+
+TRAIN_RESUME_CASES = [
+    # (case, damage to a copy of the trained run (ckpt-2, ckpt-4), flags, resumed step,
+    #  warning regex, files kept). deep-nmt-train then trains on to step 4. (The other damages
+    #  are the Trainer's CHECKPOINT_CASES above.)
+    ("newest checkpoint truncated", _damage_data(4, "truncate"), [], 2,
+     r"Skipping checkpoint .*ckpt-4: .*ckpt-4\.data-00000-of-00001 is damaged",
+     ["ckpt-4.data-00000-of-00001.unreadable", "ckpt-4.index.unreadable"]),
+    ("every checkpoint unreadable, --start_over",
+     _all(*[_damage_data(s, "truncate") for s in (2, 4)]), ["--start_over"], 0,
+     r"Starting over from step 0", ["ckpt-2.index.unreadable", "ckpt-4.index.unreadable"]),
+]
+
+
+@pytest.mark.parametrize("case,damage,extra,resumed,warning,kept", TRAIN_RESUME_CASES,
+                         ids=[c[0] for c in TRAIN_RESUME_CASES])
+def test_train_tool_resumes_from_the_newest_valid_checkpoint(real_run, tmp_path, caplog, case,
+                                                             damage, extra, resumed, warning,
+                                                             kept):
+    args = _train_args(real_run, tmp_path, damage)
+    run = str(tmp_path / "copy")
+    with caplog.at_level(logging.INFO, logger="absl"):  # (--verbosity: parsing the flags
+        assert _tool(train_tool, *args, *extra, "--verbosity=0") == ""  # sets absl's level)
+    logs = _messages(caplog, logging.INFO)
+    assert re.search(warning, logs), logs[-3000:]
+    assert f"Training from step {resumed} to 4" in logs, logs[-3000:]
+    if resumed:
+        assert f"Restored {os.path.join(run, f'ckpt-{resumed}')} (step {resumed}" in logs
+    assert checkpointing.list_checkpoints(run)[-1] == os.path.join(run, "ckpt-4")
+    assert set(kept) <= set(os.listdir(run)), sorted(os.listdir(run))
 
 
 def test_average_overwrite_and_unrelated_runs(real_run, tmp_path, caplog):
@@ -715,6 +837,11 @@ def test_translations_are_written_as_they_are_produced(tmp_path):
     with pytest.raises(_Interrupted):
         translate_tool.translate_file(_ChunkedTranslator(), source, output, progress=False)
     assert open(output).read() == "T(a)\nT(b)\n"
+    # deep-nmt-evaluate --output, likewise.
+    reference = _write(tmp_path / "ref.txt", "a\nb\nc\nd\n")
+    with open(output, "w", encoding="utf-8") as f, pytest.raises(_Interrupted):
+        evaluate_tool.evaluate_translator(_ChunkedTranslator(), source, reference, output=f)
+    assert open(output).read() == "T(a)\nT(b)\n"
 
 
 # =============================================================================================
@@ -726,20 +853,26 @@ def _train_until_signal(config, model_dir, sig, after_step):
     """Starts deep-nmt-train, sends ``sig`` once it logged ``after_step``; returns (returncode,
     stderr)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # A background job (`pytest &`, some CI runners) ignores SIGINT, and so would its child:
+    # give the child the default handler, as an interactive shell would.
     proc = subprocess.Popen([sys.executable, "-m", "deep_nmt_tf.tools.train",
                              f"--config={config}", f"--model_dir={model_dir}"],
                             stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=os.path.dirname(config))
+                            cwd=os.path.dirname(config),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
-    deadline = time.time() + 240
-    for line in proc.stderr:
-        lines.append(line)
-        if f"step {after_step}/" in line:
-            proc.send_signal(sig)
-            break
-        assert time.time() < deadline, "".join(lines)[-3000:]
-    lines.extend(proc.stderr)
-    return proc.wait(timeout=120), "".join(lines)
+    watchdog = threading.Timer(360, proc.kill)  # a signal that is ignored must not hang the suite
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if f"step {after_step}/" in line:
+                proc.send_signal(sig)
+                break
+        lines.extend(proc.stderr)
+        return proc.wait(timeout=120), "".join(lines)
+    finally:
+        watchdog.cancel()
 
 
 SIGNAL_CASES = [
@@ -750,9 +883,21 @@ SIGNAL_CASES = [
 ]
 
 
+@pytest.fixture
+def sigint_not_ignored():
+    """pytest run as a background job (`pytest &`, some CI runners) ignores SIGINT, which
+    training then leaves alone: handle it as Python does in a terminal, for this test."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("sig,after,every", SIGNAL_CASES,
                          ids=["SIGTERM", "SIGINT", "SIGTERM at a checkpoint step"])
-def test_signal_stops_after_the_update_with_a_checkpoint(tmp_path, sig, after, every):
+def test_signal_stops_after_the_update_with_a_checkpoint(tmp_path, sigint_not_ignored, sig,
+                                                         after, every):
     from deep_nmt_tf.training import TrainingInterrupted
 
     run = str(tmp_path / "run")
