@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags, logging
 
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import define_flags
 
 FLAGS = flags.FLAGS
@@ -229,7 +230,7 @@ def _evaluate_model() -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-evaluate``)."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":
