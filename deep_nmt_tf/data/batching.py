@@ -42,6 +42,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import keras
 import numpy as np
 
+from deep_nmt_tf import compat
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.token_ids import TokenIds
 
@@ -90,6 +91,19 @@ def _default_static_shapes(jit_compile: bool = False) -> bool:
     return bool(jit_compile) or keras.backend.backend() != "tensorflow"
 
 
+class _VariableShapes(keras.utils.PyDataset):
+    """A ``PyDataset`` whose batches change shape: ``fit`` on TensorFlow gets a ``tf.data``
+    signature with unknown dimensions (:func:`deep_nmt_tf.compat.allow_variable_batch_shapes`)
+    instead of the shapes of the first two batches."""
+
+    variable_batch_shapes = True
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if keras.backend.backend() == "tensorflow":
+            compat.allow_variable_batch_shapes()
+
+
 class _Examples:
     """The pairs of a token-id file in the batch format (``</s>``, ``<s>`` added)."""
 
@@ -133,7 +147,7 @@ class _Examples:
         return int(self.source_length[indices].sum() + self.target_length[indices].sum())
 
 
-class TokenBatches(keras.utils.PyDataset):
+class TokenBatches(_VariableShapes):
     """Endless, shuffled, length-bucketed token batches for ``fit`` (module docstring).
 
     Args:
@@ -248,7 +262,7 @@ class TokenBatches(keras.utils.PyDataset):
         self._offset += self._num_batches
 
 
-class EvalBatches(keras.utils.PyDataset):
+class EvalBatches(_VariableShapes):
     """One pass over a token-id file in file order, for ``evaluate`` / ``validation_data``.
 
     Every pair is kept (over-long sides truncated, ``</s>`` kept), ``batch_size`` pairs per
