@@ -145,10 +145,18 @@ decoding:
   batch_size: 8
 """
 
-# Trains with deep_nmt_tf.fit.run.train under JAX, then decodes the test sentences greedily in
-# process; prints JSON: the per-epoch losses, the hypotheses, whether TensorFlow was imported.
+# Trains with deep_nmt_tf.fit.run.train under JAX as on a machine without TensorFlow (importing
+# it fails), then decodes the test sentences greedily in process; prints JSON: the per-epoch
+# losses, the hypotheses, whether TensorFlow was imported.
 JAX_SCRIPT = textwrap.dedent("""
-    import json, sys
+    import importlib.abc, json, sys
+
+    class NoTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("tensorflow", "tensorflow_text"):
+                raise ImportError(f"no {name} on this machine (test)")
+
+    sys.meta_path.insert(0, NoTensorFlow())
     import keras, numpy as np
     from deep_nmt_tf.fit.run import train
     from deep_nmt_tf.data.token_ids import Detokenizer, TokenIds
