@@ -3,7 +3,10 @@
 absl's ``FLAGS`` is one registry per process, and several tools may be imported into the same
 process (tests, notebooks, a tool reusing another's functions); defining a flag twice is an
 error.  :func:`define_flags` defines a tool's flags, each unless a tool imported earlier already
-defined a flag of that name (the earlier definition is then shared).
+defined a flag of that name (the earlier definition is then shared).  Every float flag it
+defines refuses NaN and infinities (``--length_penalty=nan`` is a flag error, like a value
+below the flag's ``lower_bound``).  :func:`check_output_path` lets a tool refuse an output file
+it could not write before it does any work.
 
 Every tool starts through :func:`run` (its ``run()`` console-script entry point), which keeps
 the output to what the tool has to say.  Unless ``--verbose`` (or ``-v``) is given,
@@ -30,6 +33,7 @@ import contextlib
 import importlib.abc
 import importlib.util
 import logging
+import math
 import os
 import re
 import sys
@@ -39,7 +43,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from absl import app, flags
 from absl import logging as absl_logging
 
-__all__ = ["define_flags", "quiet_tensorflow", "run"]
+__all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -64,6 +68,9 @@ def define_flags(definitions: Sequence[FlagDefinition], flag_values=flags.FLAGS)
     for define, name, default, *arguments in definitions:
         if name not in flag_values:
             define(name, default, *arguments, flag_values=flag_values)
+            if define is flags.DEFINE_float:
+                flags.register_validator(name, _finite, message="must be a finite number",
+                                         flag_values=flag_values)
             continue
         wanted = flags.FlagValues()
         define(name, default, *arguments, flag_values=wanted)
@@ -71,6 +78,28 @@ def define_flags(definitions: Sequence[FlagDefinition], flag_values=flags.FLAGS)
             raise flags.Error(f"flag --{name} is already defined with another type "
                               f"({_kind(flag_values[name])}); this tool needs "
                               f"{_kind(wanted[name])}")
+
+
+def _finite(value) -> bool:
+    return value is None or math.isfinite(value)
+
+
+def check_output_path(flag: str, path: str) -> None:
+    """Raises ``ValueError`` (naming ``--flag=path``) when ``path`` cannot be written: it is a
+    directory, its directory does not exist, or there is no permission.  Nothing is created or
+    truncated.  ``-`` (stdout) and empty paths pass."""
+    if not path or path == "-":
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        problem = "it is a directory"
+    elif not os.path.isdir(directory):
+        problem = f"the directory {directory} does not exist"
+    elif not os.access(path if os.path.exists(path) else directory, os.W_OK):
+        problem = "permission denied"
+    else:
+        return
+    raise ValueError(f"--{flag}={path}: cannot write it: {problem}")
 
 
 define_flags([(flags.DEFINE_bool, "verbose", False, _VERBOSE_HELP)])

@@ -291,8 +291,15 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
     if decoding is None or decoding.get("candidates") != list(suite.length_penalties):
         translator = Translator.from_model_dir(model_dir)
         sources, refs = _read_lines(dev[0]), _read_lines(dev[1])
+        # Penalties scored before (a grid that grew) are kept, not decoded again.
+        earlier = (decoding or {}).get("tried", {})
+        if (decoding or {}).get("beam_size") != suite.beam_size:
+            earlier = {}
         tried = {}
         for alpha in suite.length_penalties:
+            if str(alpha) in earlier:
+                tried[str(alpha)] = earlier[str(alpha)]
+                continue
             tried[str(alpha)] = score(_translate(translator, sources, suite.beam_size, alpha),
                                       refs)["bleu"]
             log(f"{run.name}: dev BLEU {tried[str(alpha)]:.2f} at length penalty {alpha}")

@@ -95,3 +95,16 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     assert "training from update" not in proc.stderr
     assert os.path.getmtime(os.path.join(run_dir, "test2016.hyp")) == before
     assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == results
+    # A grid that grows keeps the penalties already scored: only the new one is decoded.
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(open(SUITE, encoding="utf-8").read().replace(
+        "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4]",
+        "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4, 1.6]").replace(
+        "config: ", f"config: {os.path.dirname(SUITE)}/"), encoding="utf-8")
+    proc = run_tool("experiment", *[f"--suite={grown}"] + args[1:], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "at length penalty 1.6" in proc.stderr
+    assert "at length penalty 1.4" not in proc.stderr
+    decoding = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))[
+        "baseline"]["decoding"]
+    assert decoding["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4, 1.6)
