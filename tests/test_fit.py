@@ -184,7 +184,8 @@ JAX_SCRIPT = textwrap.dedent("""
     ids = keras.ops.convert_to_numpy(out["ids"])[:, 0]
     hyps = Detokenizer(config.data.vocab).batch(ids)
     print("RESULT " + json.dumps({"losses": losses, "hyps": hyps,
-                                  "tensorflow": "tensorflow" in sys.modules}))
+                                  "tensorflow": "tensorflow" in sys.modules,
+                                  "devices": len(keras.distribution.list_devices())}))
 """)
 
 
@@ -196,11 +197,14 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     run_dir = str(tmp_path / "run")
     out = run_tool("preprocess", f"--config={config_path}", f"--model_dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
+    # Two CPU devices: fit trains data-parallel (keras.distribution.DataParallel), as on GPUs.
     proc = run_python(JAX_SCRIPT.replace("sys.argv[1]", repr(run_dir)),
-                      env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}, timeout=900)
+                      env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+                           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert not result["tensorflow"], "fit on JAX imported TensorFlow"
+    assert result["devices"] == 2
     losses = result["losses"]
     assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], losses
     assert sorted(os.listdir(run_dir))[:2] == ["ckpt-20.weights.h5", "ckpt-40.weights.h5"]
