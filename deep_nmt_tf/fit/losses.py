@@ -59,9 +59,10 @@ def _check_smoothing(label_smoothing: float) -> None:
 
 def _token_losses(logits, labels, label_smoothing: float, pad_id: int):
     """``(per_token, nll, mask)``, each ``[B, T]`` float32 (module docstring)."""
-    # convert_to_tensor first: a float32 (TensorFlow) variable would pass the cast unchanged.
-    logits = ops.cast(ops.convert_to_tensor(logits), "float32")
-    labels = ops.cast(ops.convert_to_tensor(labels), "int32")
+    logits = ops.cast(logits, "float32")
+    if not hasattr(logits, "ndim"):  # A float32 tf.Variable passes the cast unchanged.
+        logits = ops.copy(logits)
+    labels = ops.cast(labels, "int32")
     if len(logits.shape) != 3 or len(labels.shape) != 2:
         raise ValueError(f"logits must be [batch, time, vocab] and labels [batch, time], got "
                          f"shapes {tuple(logits.shape)} and {tuple(labels.shape)}")
