@@ -19,7 +19,7 @@ CONSOLE_SCRIPTS = [
     f"deep-nmt-{name.replace('_', '-')} = deep_nmt_tf.tools.{name}:run"
     for name in ("build_vocab", "train", "translate", "evaluate", "export",
                  "average_checkpoints", "plot_diagnostics", "probe_layers", "benchmark",
-                 "experiment")
+                 "experiment", "preprocess", "fit")
 ]
 
 setup(
@@ -51,6 +51,10 @@ setup(
         "test": [
             "pytest>=8",
             "jax[cpu]>=0.4.30",
+            # tests/test_notebooks.py runs examples/*.ipynb in a fresh kernel.
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
         ],
         "jax": ["jax>=0.4.30"],
     },

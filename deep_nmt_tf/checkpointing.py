@@ -275,6 +275,8 @@ def restore_model_weights(model, checkpoint: str) -> str:
       CheckpointError: the checkpoint is damaged, or does not fit the model (naming the first
         variable that differs).
     """
+    if os.fspath(checkpoint).endswith(".weights.h5"):  # Written by fit (deep_nmt_tf.fit).
+        return restore_keras_weights(model, checkpoint)
     path = checkpoint
     if tf.io.gfile.isdir(checkpoint):
         path = latest_checkpoint(checkpoint)
@@ -435,3 +437,28 @@ class CheckpointSaver:
             shutil.rmtree(self._write_directory, ignore_errors=True)
             return None
         return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights written by Keras' fit (deep_nmt_tf.fit): MODEL_DIR/ckpt-N.weights.h5
+# ---------------------------------------------------------------------------------------------
+
+
+def restore_keras_weights(model, path: str) -> str:
+    """Loads the model weights of a ``ckpt-N.weights.h5`` that ``fit`` wrote (on any backend).
+
+    The file is Keras' ``save_weights`` format: the model's weights by layer path (and, from a
+    training run, the optimizer's, which are ignored here).  :func:`restore_model_weights`
+    calls this for paths ending in ``.weights.h5``, so every tool reads such a run directory
+    as it reads a ``ckpt-N`` (:meth:`deep_nmt_tf.run_dir.RunDir.latest_checkpoint` gives the
+    newer of the two kinds).  The dropout seed states are not in the file (inference does not
+    use them).
+
+    Raises:
+      FileNotFoundError: no such file.
+      ValueError: the file does not fit the model (another model config).
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such weights file")
+    model.load_weights(path)
+    return path

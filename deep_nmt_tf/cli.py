@@ -7,21 +7,51 @@ defined a flag of that name (the earlier definition is then shared).  Every floa
 defines refuses NaN and infinities (``--length_penalty=nan`` is a flag error, like a value
 below the flag's ``lower_bound``).  :func:`check_output_path` lets a tool refuse an output file
 it could not write before it does any work.
+
+Every tool starts through :func:`run` (its ``run()`` console-script entry point), which keeps
+the output to what the tool has to say.  Unless ``--verbose`` (or ``-v``) is given,
+:func:`quiet_tensorflow` hides
+
+* the C++ messages TensorFlow prints while it is imported (twice: the oneDNN notice, the CUDA
+  probe ``Could not find cuda drivers``, ``cpu_feature_guard``, the ``absl::InitializeLog``
+  notice): they are written before TensorFlow's log level applies, so the first ``import
+  tensorflow`` runs with the process's standard error going to a temporary file, and what it
+  wrote comes back afterwards without those lines (an import hook, so a tool still imports
+  TensorFlow only when it needs it);
+* its later C++ messages, the CUDA probe's ``failed call to cuInit`` on machines without a GPU
+  among them: ``TF_CPP_MIN_LOG_LEVEL=3`` (a value already set in the environment is kept);
+* its Python INFO messages (SavedModel signature input names, checkpoint sharding times,
+  assets written), and JAX's (``Unable to initialize backend 'tpu'``): the ``tensorflow``
+  logger is raised to WARNING, and INFO records of TensorFlow's and JAX's modules are dropped.
+
+Errors still surface as the tools' own messages and Python exceptions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
+import logging
 import math
 import os
-from typing import Callable, Sequence, Tuple
+import re
+import sys
+import tempfile
+from typing import Callable, List, Optional, Sequence, Tuple
 
-from absl import flags
+from absl import app, flags
+from absl import logging as absl_logging
 
-__all__ = ["define_flags", "check_output_path"]
+__all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
 FlagDefinition = Tuple[Callable, ...]
+
+_VERBOSE_HELP = ("Show TensorFlow's C++ start-up messages and its INFO logs (hidden by "
+                 "default); -v is short for --verbose (absl's own -v=N still sets its "
+                 "verbosity).")
 
 
 def _kind(flag) -> str:
@@ -70,3 +100,129 @@ def check_output_path(flag: str, path: str) -> None:
     else:
         return
     raise ValueError(f"--{flag}={path}: cannot write it: {problem}")
+
+
+define_flags([(flags.DEFINE_bool, "verbose", False, _VERBOSE_HELP)])
+
+
+# C++ log lines of INFO/WARNING level (absl's format: I0000 00:00:1795442666.200810 20148
+# port.cc:153] ...), absl's notice about them, cpu_feature_guard's second line, and the CUDA
+# probe's error on machines without a GPU.
+_CHATTER = re.compile(r"^(?:[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] |"
+                      r"WARNING: All log messages before absl::InitializeLog\(\) |"
+                      r"To enable the following instructions: |"
+                      r"E\d{4} .*failed call to cuInit)")
+
+
+@contextlib.contextmanager
+def _stderr_without(pattern):
+    """Standard error (the file descriptor, C++ writes included) goes to a temporary file; its
+    lines that do not match ``pattern`` are written back at the end."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", errors="replace")
+            kept = [line for line in text.splitlines(True) if not pattern.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """A module loader whose ``exec_module`` runs under :func:`_stderr_without`."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self._loader
+        with _stderr_without(_CHATTER):
+            self._loader.exec_module(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds ``tensorflow`` once, with a loader that filters its start-up messages."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+class _NoLibraryInfo(logging.Filter):
+    """Drops the INFO records of TensorFlow's and JAX's modules (they log through absl's logger
+    or the root logger, as the tools do)."""
+
+    _PACKAGES = tuple(f"{os.sep}{name}{os.sep}" for name in ("tensorflow", "jax", "jaxlib"))
+
+    def filter(self, record):
+        return record.levelno >= logging.WARNING or not any(
+            package in record.pathname for package in self._PACKAGES)
+
+
+def quiet_tensorflow(verbose: bool = False) -> None:
+    """Hides TensorFlow's start-up chatter (module docstring) unless ``verbose``; call it before
+    TensorFlow is imported (it prints most of it while it is imported)."""
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    handler = absl_logging.get_absl_handler()  # The tools' handler (app.run installs it).
+    if not any(isinstance(f, _NoLibraryInfo) for f in handler.filters):
+        handler.addFilter(_NoLibraryInfo())
+    if "tensorflow" not in sys.modules and not any(
+            isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
+
+
+def _is_number(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _verbose_argv(argv: Sequence[str]) -> Tuple[List[str], bool]:
+    """``-v`` becomes ``--verbose`` (unless a number follows: absl's ``-v N``); whether the
+    command line asks for verbose output (the last of ``--[no]verbose[=...]`` wins)."""
+    out, verbose = [], False
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        if arg == "-v" and not (i + 1 < len(argv) and _is_number(argv[i + 1])):
+            arg = "--verbose"
+        if arg in ("--verbose", "--verbose=true", "--verbose=1", "--verbose=True"):
+            verbose = True
+        elif arg in ("--noverbose", "--verbose=false", "--verbose=0", "--verbose=False"):
+            verbose = False
+        out.append(arg)
+    return out, verbose
+
+
+def run(main: Callable[[Sequence[str]], None], argv: Optional[Sequence[str]] = None) -> None:
+    """Runs a tool's ``main`` with absl (``app.run``) after :func:`quiet_tensorflow` (unless
+    ``--verbose``/``-v``)."""
+    argv, verbose = _verbose_argv(list(sys.argv if argv is None else argv))
+    quiet_tensorflow(verbose)
+    app.run(main, argv=argv)

@@ -27,6 +27,11 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   :func:`set_worker_heartbeat_timeout`, the heartbeat timeout after which the coordination
   service of ``MultiWorkerMirroredStrategy`` declares a worker lost (the strategy configures the
   service itself, with TensorFlow's default, only when none is configured yet).
+* ``PyDatasetAdapter._output_signature`` (TensorFlow backend): ``fit`` on TensorFlow turns a
+  ``keras.utils.PyDataset`` into a ``tf.data`` generator whose shapes it guesses from the first
+  two batches, so token batches of other widths later fail.  :func:`allow_variable_batch_shapes`
+  gives the adapter a signature with every dimension unknown for datasets that set
+  ``variable_batch_shapes = True`` (:class:`deep_nmt_tf.data.batching.TokenBatches`).
 
 TensorFlow is imported lazily, inside the functions that need it: ``deep_nmt_tf.layers`` uses
 this module and stays TensorFlow-free.
@@ -49,12 +54,15 @@ __all__ = [
     "strategy_supports_no_merge_call",
     "tf_variable",
     "set_worker_heartbeat_timeout",
+    "allow_variable_batch_shapes",
 ]
 
 #: Name of Keras 3's TensorFlow-optimizer method that all-reduces gradients in ``apply``.
 ALL_REDUCE_HOOK = "_all_reduce_sum_gradients"
 _DROPOUT_RNN_CELL = "DropoutRNNCell"
 _VARIABLE_VALUE = "_value"
+_PY_DATASET_ADAPTER = "keras.src.trainers.data_adapters.py_dataset_adapter"
+_OUTPUT_SIGNATURE = "_output_signature"
 
 #: The private hooks this module wraps (names as tests/test_compat.py reports them).
 HOOKS = (
@@ -64,6 +72,7 @@ HOOKS = (
     "tf.__internal__.distribute.strategy_supports_no_merge_call",
     f"keras.Variable.{_VARIABLE_VALUE}",
     "tensorflow.python.eager.context.configure_coordination_service",
+    f"{_PY_DATASET_ADAPTER}.PyDatasetAdapter.{_OUTPUT_SIGNATURE}",
 )
 
 # --------------------------------------------------------------------------------------------
@@ -179,3 +188,41 @@ def set_worker_heartbeat_timeout(seconds: float) -> None:
     context.context().configure_coordination_service(
         service_type="standalone", service_leader=f"/job:{leader}/replica:0/task:0",
         heartbeat_timeout_in_ms=int(seconds * 1000))
+
+
+# --------------------------------------------------------------------------------------------
+# Keras fit on TensorFlow: the tf.data signature of a PyDataset
+# --------------------------------------------------------------------------------------------
+
+
+def _py_dataset_adapter():
+    import importlib
+
+    return importlib.import_module(_PY_DATASET_ADAPTER).PyDatasetAdapter
+
+
+def _unknown_shapes_signature(batch):
+    import tensorflow as tf
+
+    return keras.tree.map_structure(
+        lambda a: tf.TensorSpec([None] * len(a.shape), tf.as_dtype(a.dtype)), batch)
+
+
+def allow_variable_batch_shapes() -> None:
+    """Lets ``fit``/``evaluate`` on the TensorFlow backend read ``keras.utils.PyDataset`` s
+    whose batches change shape (those with ``variable_batch_shapes = True``): the adapter's
+    ``tf.data`` signature gets every dimension unknown, from the dataset's first batch, instead
+    of the shapes of its first two batches.  Idempotent; other datasets are unaffected."""
+    adapter = _py_dataset_adapter()
+    original = adapter.get_tf_dataset
+    if getattr(original, "_deep_nmt_tf", False):
+        return
+
+    def get_tf_dataset(self):
+        if (getattr(self.py_dataset, "variable_batch_shapes", False)
+                and getattr(self, _OUTPUT_SIGNATURE, None) is None):
+            setattr(self, _OUTPUT_SIGNATURE, _unknown_shapes_signature(self.py_dataset[0]))
+        return original(self)
+
+    get_tf_dataset._deep_nmt_tf = True
+    adapter.get_tf_dataset = get_tf_dataset

@@ -77,6 +77,20 @@ DATA_STATS_FILENAME = "data_stats.json"
 #: The ``data`` keys that hold file paths (stored relative to the run directory when inside it).
 DATA_PATH_KEYS = ("train_source", "train_target", "dev_source", "dev_target", "test_source",
                   "test_target", "vocab")
+#: Model weights written by ``compile``/``fit`` (:mod:`deep_nmt_tf.fit`): ``ckpt-N.weights.h5``.
+KERAS_WEIGHTS_SUFFIX = ".weights.h5"
+#: Token-id files of ``deep-nmt-preprocess``: ``data/<split>.npz``.
+TOKEN_FILE_SUFFIX = ".npz"
+__all__ += ["KERAS_WEIGHTS_SUFFIX", "TOKEN_FILE_SUFFIX", "keras_weights_step"]
+
+
+def keras_weights_step(path: str) -> Optional[int]:
+    """``N`` of a ``.../ckpt-N.weights.h5`` file name, None for any other name."""
+    name = os.path.basename(os.fspath(path))
+    if not (name.startswith("ckpt-") and name.endswith(KERAS_WEIGHTS_SUFFIX)):
+        return None
+    number = name[len("ckpt-"):-len(KERAS_WEIGHTS_SUFFIX)]
+    return int(number) if number.isdigit() else None
 
 
 def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -180,6 +194,38 @@ class RunDir:
     def averaged_list_path(self) -> str:
         """``MODEL_DIR/averaged_checkpoints.txt`` (checkpoint averaging output)."""
         return self.join(AVERAGED_FILENAME)
+
+    # -- files of the Keras route (compile/fit, deep-nmt-preprocess) ----------------------------
+    def token_file(self, split: str) -> str:
+        """``MODEL_DIR/data/<split>.npz``: the token ids of a split (``deep-nmt-preprocess``)."""
+        return self.join(DATA_DIRNAME, split + TOKEN_FILE_SUFFIX)
+
+    def keras_weights_path(self, step: int) -> str:
+        """``MODEL_DIR/ckpt-<step>.weights.h5``: model (and optimizer) weights saved by ``fit``
+        (Keras' ``save_weights``; read by :func:`deep_nmt_tf.checkpointing.
+        restore_model_weights`)."""
+        return self.join(f"ckpt-{int(step)}{KERAS_WEIGHTS_SUFFIX}")
+
+    def list_keras_weights(self) -> List[str]:
+        """Every ``ckpt-N.weights.h5`` of the run, oldest first."""
+        if _is_url(self.path) or not os.path.isdir(self.path):
+            return []
+        found = [(keras_weights_step(n), n) for n in os.listdir(self.path)]
+        return [self.join(n) for step, n in sorted(f for f in found if f[0] is not None)]
+
+    def _newest(self, checkpoint: Optional[str]) -> Optional[str]:
+        """``checkpoint`` (a ``ckpt-N``) or the newest ``ckpt-M.weights.h5`` if ``M > N``."""
+        keras_weights = self.list_keras_weights()
+        if not keras_weights:
+            return checkpoint
+        newest = keras_weights[-1]
+        if checkpoint is None:
+            return newest
+        try:
+            step = int(os.path.basename(checkpoint).rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            return checkpoint
+        return newest if keras_weights_step(newest) > step else checkpoint
 
     def log_dir(self, name: str) -> str:
         """``MODEL_DIR/<name>``: TensorBoard events (``TRAIN_LOGS``, ``EVAL_LOGS``)."""
@@ -457,7 +503,7 @@ class RunDir:
         latest_checkpoint`)."""
         from deep_nmt_tf.checkpointing import latest_checkpoint
 
-        return latest_checkpoint(self.path)
+        return self._newest(latest_checkpoint(self.path))  # Or ckpt-N.weights.h5 of fit.
 
     def list_checkpoints(self) -> List[str]:
         """Every checkpoint of the run, oldest first."""

@@ -128,6 +128,28 @@ def test_keras_variable_value_hook():
             compat.tf_variable(object())
 
 
+def test_py_dataset_output_signature_hook():
+    with hook(compat.HOOKS[6]):
+
+        class Widths(keras.utils.PyDataset):
+            variable_batch_shapes = True
+
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):  # Widths 3, 3, 5, 2: the first two agree.
+                width = (3, 3, 5, 2)[i]
+                return np.ones([2, width, 1], np.float32), np.zeros([2, width, 1], np.float32)
+
+        compat.allow_variable_batch_shapes()
+        compat.allow_variable_batch_shapes()  # Idempotent.
+        inputs = keras.Input((None, 1))
+        model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(loss="mse", optimizer="sgd")
+        model.fit(Widths(), epochs=1, verbose=0)
+        assert model.evaluate(Widths(), verbose=0) >= 0.0
+
+
 PRIVATE = re.compile(r"keras\.src|tf\.__internal__|\._value\b|[\"']_value[\"']|"
                      r"_all_reduce_sum_gradients|tensorflow\.python")
 

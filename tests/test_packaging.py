@@ -140,15 +140,21 @@ def test_no_import_cycles_in_the_package():
 
 
 def test_layering():
-    """layers/, models/, decoding/ and config/ never import TensorFlow (nor config/ Keras);
-    export/ never imports training/."""
+    """layers/, models/, decoding/, config/ and fit/ (and the fit route's data/batching.py,
+    data/token_ids.py, progress.py) never import TensorFlow (nor config/ Keras); export/ never
+    imports training/."""
     graph = _import_graph()
     for name, edges in graph.items():
         if name.startswith("deep_nmt_tf.export"):
             assert not any(e.startswith("deep_nmt_tf.training") for e in edges), (name, edges)
-    for package, banned in (("layers", ("tensorflow",)), ("models", ("tensorflow",)),
-                            ("decoding", ("tensorflow",)), ("config", ("tensorflow", "keras"))):
-        for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", package, "*.py")):
+    tf = ("tensorflow", "tensorflow_text")
+    for package, banned in (("layers", tf), ("models", tf), ("decoding", tf),
+                            ("config", tf + ("keras",)), ("fit", tf),
+                            # The Keras route's data and progress (fit on a JAX-only machine).
+                            ("data/batching.py", tf), ("data/token_ids.py", tf),
+                            ("progress.py", tf + ("keras",))):
+        pattern = package if package.endswith(".py") else os.path.join(package, "*.py")
+        for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", pattern)):
             for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                          [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -59,6 +59,7 @@ from typing import Dict, Optional, Sequence
 
 from absl import app, flags
 
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import define_flags
 
 FLAGS = flags.FLAGS
@@ -389,7 +390,7 @@ def main(argv):
 
 def run():
     """Console-script entry point."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Sequence, TextIO
 
 from absl import app, flags, logging
 
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import check_output_path, define_flags
 
 FLAGS = flags.FLAGS
@@ -254,7 +255,7 @@ def _evaluate_model() -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-evaluate``)."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from typing import Sequence
 from absl import app, flags
 
 from deep_nmt_tf.analysis.figures import FIGURES, plot_runs
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import define_flags
 
 FLAGS = flags.FLAGS
@@ -79,7 +80,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Sequence
 
 from absl import app, flags, logging
 
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import define_flags
 
 FLAGS = flags.FLAGS
@@ -125,7 +126,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-train``)."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":

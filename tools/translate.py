@@ -24,6 +24,7 @@ from typing import Iterable, List, Optional, Sequence
 
 from absl import app, flags
 
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import check_output_path, define_flags
 
 FLAGS = flags.FLAGS
@@ -164,7 +165,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-translate``)."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":

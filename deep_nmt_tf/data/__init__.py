@@ -5,10 +5,15 @@ Modules:
   text_io: streaming checks of parallel text files (``check_parallel``, ``DataError``).
   vocab: vocabulary learning/loading and the in-graph ``Tokenizer`` (tensorflow-text).
   pipeline: ``prepare_data``, ``make_train_dataset``, ``make_eval_dataset`` ...
+  token_ids: token-id files (``TokenIds``, written by ``deep-nmt-preprocess``) and the
+    pure-Python ``Detokenizer``.
+  batching: ``TokenBatches`` / ``EvalBatches``, the pipeline's token batching as
+    ``keras.utils.PyDataset`` s for ``fit`` on any backend.
+  preprocess: ``preprocess_run`` (tokenise a run's corpus into token-id files).
 
-``synthetic`` and ``text_io`` do not import TensorFlow; the names from ``vocab`` and
-``pipeline`` are imported on first use, so ``from deep_nmt_tf.data import DataError`` stays
-cheap.
+``synthetic``, ``text_io``, ``token_ids`` and ``batching`` do not import TensorFlow; the names
+from the other modules (and ``batching``, which imports Keras) are imported on first use, so
+``from deep_nmt_tf.data import DataError`` stays cheap.
 """
 
 import importlib
@@ -28,6 +33,11 @@ _LAZY = {
     "distribute_train_dataset": "pipeline",
     "make_eval_dataset": "pipeline",
     "make_dev_dataset": "pipeline",
+    "TokenIds": "token_ids",
+    "Detokenizer": "token_ids",
+    "TokenBatches": "batching",
+    "EvalBatches": "batching",
+    "preprocess_run": "preprocess",
 }
 
 __all__ = [
@@ -50,6 +60,13 @@ __all__ = [
     "distribute_train_dataset",
     "make_eval_dataset",
     "make_dev_dataset",
+    # Lazy (no TensorFlow):
+    "TokenIds",
+    "Detokenizer",
+    "TokenBatches",
+    "EvalBatches",
+    # Lazy (TensorFlow):
+    "preprocess_run",
 ]
 
 

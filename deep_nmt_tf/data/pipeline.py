@@ -34,6 +34,7 @@ from absl import logging
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data import synthetic
+from deep_nmt_tf.data.batching import bucket_batch_sizes, bucket_upper_bounds
 from deep_nmt_tf.data.text_io import DataError, check_parallel, describe_stats
 from deep_nmt_tf.data.vocab import WHITESPACE_CHAR, Tokenizer, build_vocab, vocab_size
 from deep_nmt_tf.run_dir import VOCAB_FILENAME, RunDir, file_sha256
@@ -55,7 +56,6 @@ __all__ = [
 # Empty or whitespace only, as text_io.is_blank (Python's str.isspace) defines it.
 _BLANK_LINE = WHITESPACE_CHAR + "*"
 _TOKENIZE_BATCH = 256  # Lines tokenised per op call in the training pipeline.
-_MIN_BUCKET_LENGTH = 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,41 +102,6 @@ def _options() -> tf.data.Options:
     options = tf.data.Options()
     options.deterministic = True  # Reproducible order even with parallel map calls.
     return options
-
-
-def bucket_upper_bounds(max_length: int, num_buckets: int) -> List[int]:
-    """Upper length bounds of the training buckets: geometric from 8 up to ``max_length``.
-
-    Args:
-      max_length: longest ``max(S, T)`` an example can have.
-      num_buckets: number of buckets wanted (fewer when ``max_length`` is small).
-
-    Returns:
-      Strictly increasing bounds; the last one is ``max_length``.
-    """
-    low = min(_MIN_BUCKET_LENGTH, max_length)
-    if num_buckets <= 1:
-        return [max_length]
-    ratio = max_length / low
-    bounds = {round(low * ratio ** (i / (num_buckets - 1))) for i in range(num_buckets)}
-    return sorted(b for b in bounds if b < max_length) + [max_length]
-
-
-def bucket_batch_sizes(upper_bounds: List[int], batch_tokens: int,
-                       batch_size_multiple: int = 1) -> List[int]:
-    """Examples per batch for each bucket: ``max(1, batch_tokens // (2 * bound))``.
-
-    Args:
-      upper_bounds: from :func:`bucket_upper_bounds`.
-      batch_tokens: source + target tokens per batch, padding included.
-      batch_size_multiple: round down to a multiple of this (at least one multiple), e.g. the
-        number of replicas when a global batch is split across them.
-    """
-    sizes = []
-    for bound in upper_bounds:
-        size = max(1, batch_tokens // (2 * bound))
-        sizes.append(max(batch_size_multiple, size // batch_size_multiple * batch_size_multiple))
-    return sizes
 
 
 # ---------------------------------------------------------------------------------------------

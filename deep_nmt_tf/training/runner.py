@@ -14,7 +14,9 @@ runner owns everything around it, in this order:
 3. :meth:`Runner.run`: the loop, and after every step the periodic actions of
    :meth:`Runner.actions`, a declared list of :class:`PeriodicAction` run in this order:
 
-   * ``log``, every ``training.log_every`` steps: console line and ``train/`` scalars;
+   * ``log``, every ``training.log_every`` steps: console line (with the ETA) and ``train/``
+     scalars; on a terminal also a progress bar redrawn after every step
+     (:class:`deep_nmt_tf.progress.Progress`: step, loss, tokens/s, ETA);
    * ``diagnostics``, every ``training.diagnostics_every`` (default ``log_every``) steps:
      weight heatmaps and lexical-shortcut gates;
    * ``checkpoint``, every ``training.checkpoint_every`` steps: ``ckpt-N``;
@@ -72,6 +74,7 @@ from absl import logging
 from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import CheckpointSaver, has_object
 from deep_nmt_tf.config import Config, ConfigError
+from deep_nmt_tf.progress import Progress
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics
@@ -171,10 +174,18 @@ class _LogWindow:
             self.applied += 1
         self.last = dict(logs)
 
+    def elapsed(self) -> float:
+        """Training time in the window (seconds, other work excluded)."""
+        return max(time.perf_counter() - self.start - self.excluded, 1e-9)
+
+    def tokens_per_second(self) -> float:
+        """Source and target tokens per second of training time in the window."""
+        return (self.sums["num_tokens"] + self.sums["source_tokens"]) / self.elapsed()
+
     def summary(self) -> Dict[str, float]:
         """Per-token losses over the window, mean norm of the applied updates, throughput,
         the current learning rate and the gradient transforms' latest statistics."""
-        elapsed = max(time.perf_counter() - self.start - self.excluded, 1e-9)
+        elapsed = self.elapsed()
         tokens = max(self.sums["num_tokens"], 1.0)
         nll = self.sums["nll_sum"] / tokens
         out = {k: v for k, v in self.last.items()
@@ -184,7 +195,7 @@ class _LogWindow:
             "nll": nll,
             "perplexity": math.exp(min(nll, 100.0)),
             "grad_norm": self.norm_sum / max(self.applied, 1),
-            "tokens_per_second": (self.sums["num_tokens"] + self.sums["source_tokens"]) / elapsed,
+            "tokens_per_second": self.tokens_per_second(),
             "target_tokens_per_second": self.sums["num_tokens"] / elapsed,
         })
         return out
@@ -349,7 +360,15 @@ class Runner:
         def evaluate(step, logs):
             return {f"eval_{k}": v for k, v in self.evaluate().items()}
 
+        # The ETA of the log lines; on a terminal also a bar after every step.
+        self._progress = Progress(last, int(self.trainer.step.numpy())).__enter__()
+
+        def progress(step, logs):
+            self._progress.update(step, logs.get("loss"), self._window.tokens_per_second())
+
         return [
+            PeriodicAction("progress", 1 if self._progress.interactive else 0, progress,
+                           at_end=False, exclude_time=False),
             PeriodicAction("log", t.log_every, log, exclude_time=False),
             PeriodicAction("diagnostics", t.diagnostics_every or t.log_every, diagnostics),
             PeriodicAction("checkpoint", t.checkpoint_every, checkpoint),
@@ -363,10 +382,13 @@ class Runner:
         metrics.write_scalars(writer, step,
                               {**summary, **evaluation.model_diagnostics(self.trainer.model)})
         logging.info("step %d/%d: loss %.4f (nll %.4f, ppl %.2f), lr %.3e, |g| %.3f, "
-                     "%.0f tok/s%s", step, last, summary["loss"], summary["nll"],
+                     "%.0f tok/s%s, ETA %s", step, last, summary["loss"], summary["nll"],
                      summary["perplexity"], summary["learning_rate"],
                      summary["grad_norm"], summary["tokens_per_second"],
-                     f", {window.skipped} skipped" if window.skipped else "")
+                     f", {window.skipped} skipped" if window.skipped else "",
+                     self._progress.eta(step))
+        if step >= last:
+            self._progress.close()
         self._summary = summary
         self._window = _LogWindow(self.trainer.SUM_KEYS)
         self.health.after_log(step, summary["loss"])

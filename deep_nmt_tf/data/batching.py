@@ -1,0 +1,314 @@
+"""Length-bucketed token batching without TensorFlow: :class:`TokenBatches`, a
+``keras.utils.PyDataset`` over a token-id file (:class:`~deep_nmt_tf.data.token_ids.TokenIds`)
+for ``model.fit`` on any Keras backend.
+
+The batches are the ``tf.data`` pipeline's (:func:`deep_nmt_tf.data.pipeline.
+make_train_dataset`): pairs with an empty side, a source longer than
+``data.max_source_length`` or a target longer than ``data.max_target_length`` (counting
+``</s>``/``<s>``) are dropped; each pair goes to the first bucket whose upper bound ``u``
+(:func:`bucket_upper_bounds`, geometric from 8 to the longest length allowed) holds ``L =
+max(S, T)``; a bucket emits a batch when it holds ``max(1, batch_tokens // (2 u))`` pairs
+(:func:`bucket_batch_sizes`), so ``B * (S_padded + T_padded) <= batch_tokens``.  The pairs are
+read in a new random order on each pass over the corpus (seeded by ``training.seed`` and the
+pass), pairs left in a bucket at the end of a pass stay there for the next one (the pipeline's
+``repeat`` before ``bucket_by_sequence_length``), and the stream of batches never ends.
+
+Shapes.  With ``static_shapes`` (the default on JAX and PyTorch, and with
+``training.jit_compile``) every batch of a bucket has the same shape ``[B_u, u]``: rows padded
+to ``u`` as ``pad_to_bucket_boundary`` does, so a compiled step is traced once per bucket.
+Otherwise rows are padded to the longest pair of the batch.
+
+``len()`` and ``fit`` epochs.  The dataset has ``num_batches`` batches per epoch; each epoch
+continues the stream where the last one stopped (``on_epoch_end``), and ``start`` skips the
+first batches (a resumed run: the micro-batches consumed before the checkpoint).  Keras'
+``fit(..., shuffle=...)`` shuffles the batches of an epoch among themselves; pass
+``shuffle=False`` for the stream's own order.
+
+Example::
+
+    from deep_nmt_tf.data.batching import TokenBatches
+    from deep_nmt_tf.data.token_ids import TokenIds
+
+    train = TokenBatches.from_config(config, TokenIds.load("runs/x/data/train.npz"),
+                                     num_batches=500)
+    model.fit(train, epochs=4, shuffle=False)          # 2,000 updates
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import keras
+import numpy as np
+
+from deep_nmt_tf import compat
+from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
+from deep_nmt_tf.data.token_ids import TokenIds
+
+__all__ = ["bucket_upper_bounds", "bucket_batch_sizes", "TokenBatches", "EvalBatches"]
+
+_MIN_BUCKET_LENGTH = 8
+_KEEP_BEHIND = 256  # Batches of the plan kept behind the newest one requested.
+
+
+def bucket_upper_bounds(max_length: int, num_buckets: int) -> List[int]:
+    """Upper length bounds of the training buckets: geometric from 8 up to ``max_length``.
+
+    Args:
+      max_length: longest ``max(S, T)`` an example can have.
+      num_buckets: number of buckets wanted (fewer when ``max_length`` is small).
+
+    Returns:
+      Strictly increasing bounds; the last one is ``max_length``.
+    """
+    low = min(_MIN_BUCKET_LENGTH, max_length)
+    if num_buckets <= 1:
+        return [max_length]
+    ratio = max_length / low
+    bounds = {round(low * ratio ** (i / (num_buckets - 1))) for i in range(num_buckets)}
+    return sorted(b for b in bounds if b < max_length) + [max_length]
+
+
+def bucket_batch_sizes(upper_bounds: List[int], batch_tokens: int,
+                       batch_size_multiple: int = 1) -> List[int]:
+    """Examples per batch for each bucket: ``max(1, batch_tokens // (2 * bound))``.
+
+    Args:
+      upper_bounds: from :func:`bucket_upper_bounds`.
+      batch_tokens: source + target tokens per batch, padding included.
+      batch_size_multiple: round down to a multiple of this (at least one multiple), e.g. the
+        number of replicas when a global batch is split across them.
+    """
+    sizes = []
+    for bound in upper_bounds:
+        size = max(1, batch_tokens // (2 * bound))
+        sizes.append(max(batch_size_multiple, size // batch_size_multiple * batch_size_multiple))
+    return sizes
+
+
+def _default_static_shapes(jit_compile: bool = False) -> bool:
+    return bool(jit_compile) or keras.backend.backend() != "tensorflow"
+
+
+class _VariableShapes(keras.utils.PyDataset):
+    """A ``PyDataset`` whose batches change shape: ``fit`` on TensorFlow gets a ``tf.data``
+    signature with unknown dimensions (:func:`deep_nmt_tf.compat.allow_variable_batch_shapes`)
+    instead of the shapes of the first two batches."""
+
+    variable_batch_shapes = True
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if keras.backend.backend() == "tensorflow":
+            compat.allow_variable_batch_shapes()
+
+
+class _Examples:
+    """The pairs of a token-id file in the batch format (``</s>``, ``<s>`` added)."""
+
+    def __init__(self, data: TokenIds, max_source_length: Optional[int],
+                 max_target_length: Optional[int], truncate: bool):
+        self.data = data
+        src_len = data.source_lengths + 1
+        tgt_len = data.target_lengths + 1
+        self.truncate = truncate
+        if truncate:  # Evaluation: keep every pair, cut over-long sides (EOS kept).
+            if max_source_length:
+                src_len = np.minimum(src_len, max_source_length)
+            if max_target_length:
+                tgt_len = np.minimum(tgt_len, max_target_length)
+            self.keep = np.ones(len(data), bool)
+        else:  # Training: drop empty and over-long pairs.
+            self.keep = (data.source_lengths > 0) & (data.target_lengths > 0)
+            if max_source_length:
+                self.keep &= src_len <= max_source_length
+            if max_target_length:
+                self.keep &= tgt_len <= max_target_length
+        self.source_length, self.target_length = src_len, tgt_len
+
+    def fill(self, indices: np.ndarray, rows: int, source_width: int, target_width: int
+             ) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+        """``({"source_ids", "target_input_ids"}, target_output_ids)`` int32, ``rows`` rows
+        (the ones beyond ``len(indices)`` all padding)."""
+        src = np.full([rows, source_width], PAD_ID, np.int32)
+        tin = np.full([rows, target_width], PAD_ID, np.int32)
+        tout = np.full([rows, target_width], PAD_ID, np.int32)
+        for row, i in enumerate(indices):
+            s = self.data.source(i)[:self.source_length[i] - 1]
+            t = self.data.target(i)[:self.target_length[i] - 1]
+            src[row, :len(s)], src[row, len(s)] = s, EOS_ID
+            tin[row, 0], tin[row, 1:len(t) + 1] = BOS_ID, t
+            tout[row, :len(t)], tout[row, len(t)] = t, EOS_ID
+        return {"source_ids": src, "target_input_ids": tin}, tout
+
+    def tokens(self, indices: np.ndarray) -> int:
+        """Source and target tokens (``</s>`` included, padding not) of these pairs."""
+        return int(self.source_length[indices].sum() + self.target_length[indices].sum())
+
+
+class TokenBatches(_VariableShapes):
+    """Endless, shuffled, length-bucketed token batches for ``fit`` (module docstring).
+
+    Args:
+      data: the training pairs (:class:`~deep_nmt_tf.data.token_ids.TokenIds`).
+      batch_tokens: source + target tokens per batch, padding included
+        (``training.batch_tokens``).
+      max_source_length, max_target_length: longest pairs kept (``data.max_*_length``).
+      num_buckets: ``data.num_buckets``.
+      seed: ``training.seed``.
+      num_batches: batches per ``fit`` epoch.
+      start: batches of the stream to skip (a resumed run).
+      static_shapes: pad rows to the bucket bound (default: on JAX and PyTorch).
+      batch_size_multiple: every batch size a multiple of this (the number of devices under
+        ``keras.distribution.DataParallel``).
+      **kwargs: ``keras.utils.PyDataset`` arguments (``workers``, ``use_multiprocessing``,
+        ``max_queue_size``).
+
+    Raises:
+      ValueError: no pair is short enough (the message gives the limits).
+    """
+
+    def __init__(self, data: TokenIds, batch_tokens: int, max_source_length: int,
+                 max_target_length: int, num_buckets: int, seed: int, num_batches: int,
+                 start: int = 0, static_shapes: Optional[bool] = None,
+                 batch_size_multiple: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        if num_batches < 1:
+            raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+        self.examples = _Examples(data, max_source_length, max_target_length, truncate=False)
+        self.indices = np.flatnonzero(self.examples.keep)
+        if not len(self.indices):
+            raise ValueError(f"no training pair has at most {max_source_length} source and "
+                             f"{max_target_length} target tokens (</s>, <s> included) and a "
+                             f"non-empty side ({len(data)} pairs)")
+        self.num_dropped = len(data) - len(self.indices)
+        self.bounds = bucket_upper_bounds(max(max_source_length, max_target_length),
+                                          num_buckets)
+        self.batch_sizes = bucket_batch_sizes(self.bounds, batch_tokens, batch_size_multiple)
+        lengths = np.maximum(self.examples.source_length, self.examples.target_length)
+        self.bucket = np.searchsorted(self.bounds, lengths)  # First bound >= L.
+        self.seed = int(seed)
+        self.static_shapes = (_default_static_shapes() if static_shapes is None
+                              else bool(static_shapes))
+        self._num_batches = int(num_batches)
+        self._offset = int(start)
+        self._plan: Dict[int, Tuple[int, np.ndarray]] = {}
+        self._next = 0
+        self._stream = self._batches()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config, data: TokenIds, num_batches: int, start: int = 0,
+                    batch_size_multiple: int = 1, static_shapes: Optional[bool] = None,
+                    **kwargs) -> "TokenBatches":
+        """The batches a config's training data and ``training`` section ask for (``data.
+        max_*_length``, ``data.num_buckets``, ``training.batch_tokens``, ``training.seed``;
+        ``training.jit_compile`` selects static shapes on TensorFlow)."""
+        d, t = config.data, config.training
+        if static_shapes is None:
+            static_shapes = _default_static_shapes(t.jit_compile)
+        return cls(data, t.batch_tokens, d.max_source_length, d.max_target_length,
+                   d.num_buckets, t.seed, num_batches, start=start, static_shapes=static_shapes,
+                   batch_size_multiple=batch_size_multiple, **kwargs)
+
+    def _batches(self) -> Iterator[Tuple[int, np.ndarray]]:
+        pending: List[List[int]] = [[] for _ in self.bounds]
+        for epoch in range(1 << 62):
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, epoch])
+            order = rng.permutation(self.indices)
+            for i in order.tolist():
+                bucket = int(self.bucket[i])
+                pending[bucket].append(i)
+                if len(pending[bucket]) == self.batch_sizes[bucket]:
+                    yield bucket, np.asarray(pending[bucket], np.int64)
+                    pending[bucket] = []
+
+    def plan(self, index: int) -> Tuple[int, np.ndarray]:
+        """``(bucket, pair indices)`` of batch ``index`` of the stream (0 = the first)."""
+        with self._lock:
+            if index < self._next - _KEEP_BEHIND and index not in self._plan:
+                raise IndexError(f"batch {index} of the stream is no longer kept")
+            while self._next <= index:
+                self._plan[self._next] = next(self._stream)
+                self._plan.pop(self._next - _KEEP_BEHIND, None)
+                self._next += 1
+            return self._plan[index]
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self._num_batches:
+            raise IndexError(f"batch {index} of an epoch of {self._num_batches}")
+        bucket, indices = self.plan(self._offset + index)
+        if self.static_shapes:
+            width = self.bounds[bucket]
+            return self.examples.fill(indices, len(indices), width, width)
+        return self.examples.fill(indices, len(indices),
+                                  int(self.examples.source_length[indices].max()),
+                                  int(self.examples.target_length[indices].max()))
+
+    def tokens(self, index: int) -> int:
+        """Source and target tokens (no padding) of batch ``index`` of the current epoch."""
+        return self.examples.tokens(self.plan(self._offset + index)[1])
+
+    @property
+    def position(self) -> int:
+        """Batches of the stream before this epoch's first one."""
+        return self._offset
+
+    def on_epoch_end(self):
+        self._offset += self._num_batches
+
+
+class EvalBatches(_VariableShapes):
+    """One pass over a token-id file in file order, for ``evaluate`` / ``validation_data``.
+
+    Every pair is kept (over-long sides truncated, ``</s>`` kept), ``batch_size`` pairs per
+    batch.  With ``static_shapes`` the widths are rounded up to a multiple of ``pad_to`` and
+    the last batch is filled with padding rows (which hold no token, so the loss ignores
+    them), keeping the number of shapes small under a compiled step.
+
+    Args:
+      data: the pairs.
+      batch_size: pairs per batch (``decoding.batch_size``).
+      max_source_length, max_target_length: truncation lengths (``data.max_*_length``).
+      max_pairs: the first so many pairs (0: all; ``data.max_dev_sentences``).
+      static_shapes: default on JAX and PyTorch.
+      pad_to: width multiple under ``static_shapes``.
+    """
+
+    def __init__(self, data: TokenIds, batch_size: int, max_source_length: int,
+                 max_target_length: int, max_pairs: int = 0,
+                 static_shapes: Optional[bool] = None, pad_to: int = 16, **kwargs):
+        super().__init__(**kwargs)
+        self.examples = _Examples(data, max_source_length, max_target_length, truncate=True)
+        count = min(len(data), max_pairs) if max_pairs else len(data)
+        self.batch_size = int(batch_size)
+        self.starts = list(range(0, count, self.batch_size))
+        self.count = count
+        self.static_shapes = (_default_static_shapes() if static_shapes is None
+                              else bool(static_shapes))
+        self.pad_to = max(1, int(pad_to))
+
+    @classmethod
+    def from_config(cls, config, data: TokenIds, **kwargs) -> "EvalBatches":
+        """Batches of ``decoding.batch_size`` pairs, at most ``data.max_dev_sentences``."""
+        d = config.data
+        return cls(data, config.decoding.batch_size, d.max_source_length, d.max_target_length,
+                   max_pairs=d.max_dev_sentences, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int):
+        start = self.starts[index]
+        indices = np.arange(start, min(start + self.batch_size, self.count))
+        src = int(self.examples.source_length[indices].max())
+        tgt = int(self.examples.target_length[indices].max())
+        rows = len(indices)
+        if self.static_shapes:
+            m = self.pad_to
+            src, tgt, rows = -(-src // m) * m, -(-tgt // m) * m, self.batch_size
+        return self.examples.fill(indices, rows, src, tgt)

@@ -1,0 +1,174 @@
+"""Callbacks of a ``fit`` run in a run directory: checkpoints the tools read, and progress.
+
+* :class:`RunDirCheckpoint` writes ``MODEL_DIR/ckpt-N.weights.h5`` (``N`` = updates applied;
+  Keras' ``save_weights``: the model's and the optimizer's weights) every
+  ``training.checkpoint_every`` updates and at the end, keeping ``training.keep_checkpoints``.
+  ``deep-nmt-translate``, ``-evaluate`` and ``-export`` load them on TensorFlow like a
+  ``ckpt-N`` (:func:`deep_nmt_tf.checkpointing.restore_model_weights`); :func:`deep_nmt_tf.fit.
+  run.train` resumes from the newest.
+* :class:`ProgressLogger`: a progress bar on a terminal (:class:`deep_nmt_tf.progress.
+  Progress`: step, loss, tokens/s, ETA) and a plain line per ``fit`` epoch (the run's
+  ``training.log_every`` updates): loss, tokens/s, learning rate, ETA and the validation loss
+  when there was one.
+
+Both count updates themselves (``batches // gradient_accumulation_steps``) and touch
+``self.model`` only when they save or read the learning rate: on JAX, reading the model's
+variables during ``fit`` copies the training state back into them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Dict, Optional
+
+import keras
+from absl import logging
+from keras import ops
+
+from deep_nmt_tf.progress import Progress
+from deep_nmt_tf.run_dir import RunDir
+
+__all__ = ["RunDirCheckpoint", "ProgressLogger"]
+
+
+class _UpdateCounter(keras.callbacks.Callback):
+    """Counts updates from training batches (``accumulation`` batches per update)."""
+
+    def __init__(self, start_update: int = 0, accumulation: int = 1):
+        super().__init__()
+        self.accumulation = max(1, int(accumulation))
+        self.start_update = int(start_update)
+        self._batches = 0
+
+    @property
+    def updates(self) -> int:
+        """Updates applied so far (the run's step)."""
+        return self.start_update + self._batches // self.accumulation
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+
+
+class RunDirCheckpoint(_UpdateCounter):
+    """Saves ``MODEL_DIR/ckpt-N.weights.h5`` every ``every`` updates and at the end.
+
+    Args:
+      run_dir: the run directory.
+      every: updates between checkpoints (``training.checkpoint_every``).
+      keep: newest checkpoints kept (``training.keep_checkpoints``); older ``.weights.h5``
+        of the run are deleted.
+      start_update: updates applied before this ``fit`` call (a resumed run).
+      accumulation: micro-batches per update (``training.gradient_accumulation_steps``).
+    """
+
+    def __init__(self, run_dir, every: int, keep: int, start_update: int = 0,
+                 accumulation: int = 1):
+        super().__init__(start_update, accumulation)
+        self.run_dir = RunDir(run_dir)
+        self.every = max(1, int(every))
+        self.keep = max(1, int(keep))
+        self.last_saved: Optional[int] = None
+
+    def save(self) -> Optional[str]:
+        """Writes the checkpoint of the current update count (once per count)."""
+        step = self.updates
+        if step == self.last_saved or step == 0:
+            return None
+        os.makedirs(self.run_dir.path, exist_ok=True)
+        path = self.run_dir.keras_weights_path(step)
+        self.model.save_weights(path)
+        self.last_saved = step
+        for old in self.run_dir.list_keras_weights()[:-self.keep]:
+            os.remove(old)
+        logging.info("Saved checkpoint %s", path)
+        return path
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self._batches % self.accumulation == 0 and self.updates % self.every == 0:
+            self.save()
+
+    def on_train_end(self, logs=None):
+        self.save()
+
+
+def _float(value) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        return float(ops.convert_to_numpy(value))
+    except (TypeError, ValueError):
+        return None
+
+
+class ProgressLogger(_UpdateCounter):
+    """Progress of a ``fit`` run (module docstring); stops it at ``last_update``.
+
+    Args:
+      last_update: the run ends after this many updates (``training.train_steps``).
+      start_update: updates before this ``fit`` call.
+      accumulation: micro-batches per update.
+      batches: the training :class:`~deep_nmt_tf.data.batching.TokenBatches` (for tokens/s;
+        ``fit(..., shuffle=False)``); None: no tokens/s.
+      stream: where the bar goes (default stderr).
+    """
+
+    def __init__(self, last_update: int, start_update: int = 0, accumulation: int = 1,
+                 batches=None, stream=None):
+        super().__init__(start_update, accumulation)
+        self.last_update = int(last_update)
+        self.batches = batches
+        self.progress = Progress(last_update, start_update, stream=stream)
+        self.history: Dict[str, float] = {}
+        self._tokens = 0
+        self._window_start = time.perf_counter()
+
+    def _tokens_per_second(self) -> Optional[float]:
+        if self.batches is None:
+            return None
+        return self._tokens / max(time.perf_counter() - self._window_start, 1e-9)
+
+    def on_train_begin(self, logs=None):
+        self.progress.__enter__()
+        logging.info("Training with fit (%s backend) from update %d to %d",
+                     keras.backend.backend(), self.start_update, self.last_update)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._tokens = 0
+        self._window_start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.batches is not None:
+            self._tokens += self.batches.tokens(batch)
+        if self.progress.interactive:
+            self.progress.update(self.updates, _float((logs or {}).get("loss")),
+                                 self._tokens_per_second())
+        if self.updates >= self.last_update and self._batches % self.accumulation == 0:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        step = self.updates
+        loss = _float(logs.get("loss"))
+        rate = _float(self.model.optimizer.learning_rate)
+        values = {"loss": loss, "learning_rate": rate,
+                  "tokens_per_second": self._tokens_per_second()}
+        line = [f"step {step}/{self.last_update}: loss {loss:.4f}" if loss is not None
+                else f"step {step}/{self.last_update}:"]
+        if rate is not None:
+            line.append(f"lr {rate:.3e}")
+        if values["tokens_per_second"] is not None:
+            line.append(f"{values['tokens_per_second']:.0f} tok/s")
+        val = _float(logs.get("val_loss"))
+        if val is not None:
+            values["eval_loss"] = val
+            line.append(f"dev loss {val:.4f} (ppl {math.exp(min(val, 100.0)):.2f})")
+        line.append(f"ETA {self.progress.eta(step)}")
+        logging.info("%s", ", ".join(line))
+        self.history = {k: v for k, v in values.items() if v is not None}
+
+    def on_train_end(self, logs=None):
+        self.progress.close()

@@ -1,0 +1,160 @@
+"""Training progress for people: a live bar on a terminal, the ETA in the periodic log lines.
+
+Both training routes use it: the custom loop's ``log`` action
+(:mod:`deep_nmt_tf.training.runner`) and ``fit``'s :class:`deep_nmt_tf.fit.callbacks.
+ProgressLogger`.  On a terminal (``stderr`` is a TTY) :class:`Progress` redraws one line after
+every step, at most a few times a second::
+
+    step 420/1500 [######--------------]  28% | loss 3.412 | 17,350 tok/s | ETA 1m02s
+
+and erases it before anything else is logged (a filter on the logging handlers), so log lines
+never land on the bar.  Elsewhere (CI, a log file) nothing is drawn and the periodic log lines
+(every ``training.log_every`` steps) carry the ETA.  The ETA is the wall time per step since
+the first step (which compiles), evaluation and checkpoints included, times the steps left.
+
+No TensorFlow, no Keras.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Optional, TextIO
+
+__all__ = ["format_duration", "Progress"]
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    """``"45s"``, ``"4m05s"``, ``"2h07m"``, ``"3d04h"``; ``"?"`` for None or a negative value."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+class _ClearBar(logging.Filter):
+    """Erases the progress bar before a log record is written (always lets the record pass)."""
+
+    def __init__(self, progress: "Progress"):
+        super().__init__()
+        self.progress = progress
+
+    def filter(self, record):
+        self.progress.clear()
+        return True
+
+
+class Progress:
+    """Progress of a run from ``start_step`` to ``last_step``.
+
+    Args:
+      last_step: the step the run ends at.
+      start_step: the step it (re)started from.
+      stream: where the bar goes (default ``sys.stderr``).
+      interactive: draw the bar (default: whether ``stream`` is a TTY).
+      min_interval: seconds between two redraws.
+      width: characters of the bar itself.
+    """
+
+    def __init__(self, last_step: int, start_step: int = 0, stream: Optional[TextIO] = None,
+                 interactive: Optional[bool] = None, min_interval: float = 0.25,
+                 width: int = 20):
+        self.last_step = int(last_step)
+        self.start_step = int(start_step)
+        self.stream = stream if stream is not None else sys.stderr
+        if interactive is None:
+            isatty = getattr(self.stream, "isatty", None)
+            interactive = bool(isatty and isatty())
+        self.interactive = interactive
+        self.min_interval = min_interval
+        self.width = width
+        self.start_time = time.perf_counter()
+        self._drawn = False
+        self._last_draw = 0.0
+        self._filters = []
+        self._first: Optional[tuple] = None
+
+    # -- numbers --------------------------------------------------------------------------
+    def eta_seconds(self, step: int) -> Optional[float]:
+        """Seconds until ``last_step`` at the pace since the first step this object saw
+        finished (the first step, which compiles, is left out once a later one is seen;
+        None before any)."""
+        now = time.perf_counter()
+        if step <= self.start_step:
+            return None
+        if self._first is None:
+            self._first = (step, now)
+        first_step, first_time = self._first
+        if step > first_step:
+            pace = (now - first_time) / (step - first_step)
+        else:
+            pace = (now - self.start_time) / (step - self.start_step)
+        return pace * max(self.last_step - step, 0)
+
+    def eta(self, step: int) -> str:
+        """:meth:`eta_seconds` formatted (``"4m05s"``)."""
+        return format_duration(self.eta_seconds(step))
+
+    def line(self, step: int, loss: Optional[float] = None,
+             tokens_per_second: Optional[float] = None) -> str:
+        """``step 420/1500 [###---]  28% | loss 3.412 | 17,350 tok/s | ETA 1m02s``."""
+        frac = min(max(step / self.last_step, 0.0), 1.0) if self.last_step else 1.0
+        filled = int(self.width * frac)
+        parts = [f"step {step}/{self.last_step} [{'#' * filled}{'-' * (self.width - filled)}] "
+                 f"{100 * frac:3.0f}%"]
+        if loss is not None:
+            parts.append(f"loss {loss:.4g}")
+        if tokens_per_second is not None:
+            parts.append(f"{tokens_per_second:,.0f} tok/s")
+        parts.append(f"ETA {self.eta(step)}")
+        return " | ".join(parts)
+
+    # -- the bar ----------------------------------------------------------------------------
+    def update(self, step: int, loss: Optional[float] = None,
+               tokens_per_second: Optional[float] = None, force: bool = False) -> None:
+        """Redraws the bar (on a terminal; at most every ``min_interval`` seconds)."""
+        if not self.interactive:
+            return
+        now = time.perf_counter()
+        if not force and step < self.last_step and now - self._last_draw < self.min_interval:
+            return
+        self._last_draw = now
+        self.stream.write("\r" + self.line(step, loss, tokens_per_second) + "\033[K")
+        self.stream.flush()
+        self._drawn = True
+
+    def clear(self) -> None:
+        """Erases the bar (before other output)."""
+        if self._drawn:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._drawn = False
+
+    def __enter__(self) -> "Progress":
+        """Erase the bar before every log record of the root logger's handlers (absl's)."""
+        if self.interactive:
+            for handler in logging.getLogger().handlers:
+                flt = _ClearBar(self)
+                handler.addFilter(flt)
+                self._filters.append((handler, flt))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the bar's line and removes the log filters."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+        for handler, flt in self._filters:
+            handler.removeFilter(flt)
+        self._filters = []

@@ -1,0 +1,217 @@
+"""Keras ``compile``/``fit`` (deep_nmt_tf.fit): the loss, schedules and optimizer options from a
+config, what fit refuses, fit on TensorFlow in process and on JAX in a subprocess, and a model
+trained with fit on JAX translated by ``deep-nmt-translate`` on TensorFlow."""
+
+import json
+import os
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+from test_training_helpers import VOCAB, make_batches, run_python, run_tool, tiny_config
+
+
+def _token_ids(num_batches=8, batch_size=16, seed=0):
+    """The copy task of test_training_helpers as a TokenIds (rows without </s>)."""
+    from deep_nmt_tf.data.token_ids import TokenIds
+
+    rows = []
+    for batch in make_batches(num_batches, batch_size, seed):
+        for src in batch["source_ids"]:
+            toks = [int(t) for t in src if t > 2]
+            rows.append(toks)
+    return TokenIds.from_rows(rows, rows, VOCAB)
+
+
+# -- the loss --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("normalization", ["token", "sentence"])
+def test_keras_loss_is_the_custom_loops_sum_over_its_denominator(normalization):
+    from deep_nmt_tf.fit.losses import (LabelSmoothedCrossEntropy, cross_entropy_sums,
+                                        loss_denominator)
+
+    rng = np.random.RandomState(0)
+    logits = rng.randn(3, 5, 11).astype("float32")
+    labels = np.array([[4, 5, 2, 0, 0], [6, 2, 0, 0, 0], [7, 8, 9, 10, 2]], np.int32)
+    sums = cross_entropy_sums(logits, labels, 0.1)
+    want = float(sums.loss) / float(loss_denominator(sums, normalization))
+    loss = LabelSmoothedCrossEntropy(0.1, normalization)
+    assert float(loss(labels, logits)) == pytest.approx(want, rel=1e-5)
+    again = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert again.get_config() == loss.get_config()
+
+
+# -- schedules, optimizer, refusals ----------------------------------------------------------
+
+def test_update_count_schedule_reads_the_schedule_at_updates():
+    from deep_nmt_tf.fit.schedules import InverseSqrtSchedule, UpdateCountSchedule
+
+    inner = InverseSqrtSchedule(1e-3, 4, 1e-7)
+    wrapped = UpdateCountSchedule(inner, 3)
+    for calls in range(12):
+        assert float(wrapped(calls)) == pytest.approx(float(inner(calls // 3)))
+    again = UpdateCountSchedule.from_config(wrapped.get_config())
+    assert float(again(7)) == pytest.approx(float(wrapped(7)))
+
+
+def test_compile_model_maps_the_training_keys_to_keras_options():
+    from deep_nmt_tf import fit
+    from deep_nmt_tf.fit.losses import LabelSmoothedCrossEntropy
+    from deep_nmt_tf.fit.schedules import UpdateCountSchedule
+
+    config = tiny_config(clip_norm=0.5, gradient_accumulation_steps=2, label_smoothing=0.2,
+                         weight_decay=1e-4)
+    model = fit.build_fit_model(config)
+    fit.compile_model(model, config)
+    opt = model.optimizer
+    assert opt.global_clipnorm == pytest.approx(0.5)
+    assert opt.gradient_accumulation_steps == 2
+    assert isinstance(opt._learning_rate, UpdateCountSchedule)
+    assert isinstance(model.loss, LabelSmoothedCrossEntropy)
+    assert model.loss.label_smoothing == pytest.approx(0.2)
+    assert any(v.regularizer is not None for v in model.trainable_variables)
+
+
+@pytest.mark.parametrize("key,override", [
+    ("training.adaptive_clipping.enabled", {"adaptive_clipping": {"enabled": True}}),
+    ("training.grad_norm_ratio_every", {"grad_norm_ratio_every": 5}),
+])
+def test_fit_refuses_what_it_cannot_do_naming_the_key(key, override):
+    from deep_nmt_tf import fit
+    from deep_nmt_tf.config import ConfigError
+
+    config = tiny_config(**override)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        fit.check_fit_config(config)
+
+
+# -- fit on TensorFlow, in process -----------------------------------------------------------
+
+def _first_and_last_loss(history):
+    losses = history.history["loss"]
+    return losses[0], losses[-1]
+
+
+def test_fit_loss_falls_on_tensorflow():
+    from deep_nmt_tf import fit
+    from deep_nmt_tf.data.batching import TokenBatches
+
+    config = tiny_config(train_steps=60, learning_rate=1e-2, batch_tokens=256,
+                         model=dict(input_dropout=0.0, residual_dropout=0.0))
+    model = fit.build_fit_model(config)
+    fit.compile_model(model, config)
+    batches = TokenBatches.from_config(config, _token_ids(), num_batches=15)
+    history = model.fit(batches, epochs=4, shuffle=False, verbose=0)
+    first, last = _first_and_last_loss(history)
+    assert np.isfinite(last) and last < 0.8 * first, history.history
+
+
+# -- fit on JAX (subprocess), translated on TensorFlow ---------------------------------------
+
+TINY_RUN = """
+model:
+  d_model: 32
+  encoder:
+    type: transformer
+    transformer: {num_layers: 1, num_heads: 2, ffn_dim: 64, norm: pre,
+                  input_dropout: 0.0, residual_dropout: 0.0}
+  decoder:
+    type: transformer
+    transformer: {num_layers: 1, num_heads: 2, ffn_dim: 64, norm: pre,
+                  input_dropout: 0.0, residual_dropout: 0.0}
+data:
+  corpus: synthetic
+  synthetic_train_size: 600
+  synthetic_dev_size: 16
+  synthetic_test_size: 8
+  vocab_size: 120
+  max_source_length: 24
+  max_target_length: 24
+  num_buckets: 2
+training:
+  train_steps: 40
+  batch_tokens: 768
+  schedule:
+    type: constant
+    constant: {learning_rate: 5.0e-3, warmup_steps: 0}
+  label_smoothing: 0.1
+  log_every: 10
+  checkpoint_every: 20
+  eval_every: 0
+decoding:
+  beam_size: 1
+  batch_size: 8
+"""
+
+# Trains with deep_nmt_tf.fit.run.train under JAX as on a machine without TensorFlow (importing
+# it fails), then decodes the test sentences greedily in process; prints JSON: the per-epoch
+# losses, the hypotheses, whether TensorFlow was imported.
+JAX_SCRIPT = textwrap.dedent("""
+    import importlib.abc, json, sys
+
+    class NoTensorFlow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("tensorflow", "tensorflow_text"):
+                raise ImportError(f"no {name} on this machine (test)")
+
+    sys.meta_path.insert(0, NoTensorFlow())
+    import keras, numpy as np
+    from deep_nmt_tf.fit.run import train
+    from deep_nmt_tf.data.token_ids import Detokenizer, TokenIds
+    from deep_nmt_tf.decoding import greedy_search
+    from deep_nmt_tf.fit.compiling import build_fit_model
+    from deep_nmt_tf.run_dir import RunDir
+    from deep_nmt_tf.constants import EOS_ID
+
+    assert keras.backend.backend() == "jax"
+    model_dir = sys.argv[1]
+    losses = []
+    cb = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: losses.append(float(logs["loss"])))
+    train(model_dir, callbacks=[cb])
+    run = RunDir(model_dir)
+    config = run.load_config()
+    model = build_fit_model(config)
+    model.load_weights(run.list_keras_weights()[-1])
+    test = TokenIds.load(run.token_file("test"))
+    rows = [list(test.source(i)) + [EOS_ID] for i in range(len(test))]
+    width = max(len(r) for r in rows)
+    src = np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
+    d = config.decoding
+    out = greedy_search(model, src, max_length_a=d.max_length_a, max_length_b=d.max_length_b)
+    ids = keras.ops.convert_to_numpy(out["ids"])[:, 0]
+    hyps = Detokenizer(config.data.vocab).batch(ids)
+    print("RESULT " + json.dumps({"losses": losses, "hyps": hyps,
+                                  "tensorflow": "tensorflow" in sys.modules,
+                                  "devices": len(keras.distribution.list_devices())}))
+""")
+
+
+@pytest.mark.slow
+def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path):
+    pytest.importorskip("jax")
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(TINY_RUN)
+    run_dir = str(tmp_path / "run")
+    out = run_tool("preprocess", f"--config={config_path}", f"--model_dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    # Two CPU devices: fit trains data-parallel (keras.distribution.DataParallel), as on GPUs.
+    proc = run_python(JAX_SCRIPT.replace("sys.argv[1]", repr(run_dir)),
+                      env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
+                           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert not result["tensorflow"], "fit on JAX imported TensorFlow"
+    assert result["devices"] == 2
+    losses = result["losses"]
+    assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], losses
+    assert sorted(os.listdir(run_dir))[:2] == ["ckpt-20.weights.h5", "ckpt-40.weights.h5"]
+
+    test_source = os.path.join(run_dir, "data", "test.src")
+    out = run_tool("translate", f"--model_dir={run_dir}", f"--input={test_source}",
+                   "--beam_size=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == result["hyps"]
+    assert any(h.strip() for h in result["hyps"])

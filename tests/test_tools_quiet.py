@@ -1,0 +1,74 @@
+"""The tools are quiet by default (no TensorFlow C++ banner, no CUDA probe line), -v/--verbose
+shows it again, and training prints an ETA; deep_nmt_tf.progress on its own."""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import yaml
+
+from deep_nmt_tf.cli import _verbose_argv
+from deep_nmt_tf.progress import Progress, format_duration
+
+_STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
+TINY = {
+    "model": {"d_model": 16, "encoder": {"transformer": dict(_STACK)},
+              "decoder": {"transformer": dict(_STACK)}},
+    "data": {"corpus": "synthetic", "synthetic_train_size": 200, "synthetic_dev_size": 8,
+             "synthetic_test_size": 4, "vocab_size": 100, "shuffle_buffer": 64},
+    "training": {"train_steps": 4, "batch_tokens": 300, "log_every": 2,
+                 "checkpoint_every": 4, "eval_every": 0, "seed": 3},
+}
+# What TensorFlow prints at start-up (C++ INFO/WARNING lines, absl's notice, the CUDA probe).
+BANNER = re.compile(r"absl::InitializeLog|oneDNN custom operations|cpu_feature_guard|"
+                    r"cuda drivers|cuInit|^[IW]0000 00:00:", re.M)
+
+
+def _tool(name, *args):
+    """Runs a tool as an installed console script would, without TF_CPP_MIN_LOG_LEVEL set."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-m", f"deep_nmt_tf.tools.{name}", *args],
+                          cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def test_verbose_flag_parsing():
+    assert _verbose_argv(["tool", "-v", "--x=1"]) == (["tool", "--verbose", "--x=1"], True)
+    assert _verbose_argv(["tool", "-v", "2"]) == (["tool", "-v", "2"], False)  # absl's -v N
+    assert _verbose_argv(["tool", "--verbose", "--noverbose"])[1] is False
+    assert _verbose_argv(["tool", "--", "-v"]) == (["tool", "--", "-v"], False)
+
+
+def test_progress_bar_and_eta():
+    assert [format_duration(s) for s in (None, 5, 245, 7620, 3 * 86400 + 4 * 3600)] == \
+        ["?", "5s", "4m05s", "2h07m", "3d04h"]
+    stream = io.StringIO()
+    progress = Progress(100, 0, stream=stream, interactive=True, min_interval=0.0)
+    with progress:
+        progress.update(10, 3.5, 1234.0)
+        assert progress.eta_seconds(20) is not None
+    text = stream.getvalue()
+    assert "step 10/100" in text and "loss 3.5" in text and "1,234 tok/s" in text
+    assert "ETA" in text and text.endswith("\n")
+    quiet = io.StringIO()
+    Progress(100, stream=quiet).update(10, 1.0)  # Not a terminal: no bar.
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.slow
+def test_train_prints_no_banner_and_an_eta_and_verbose_restores_it(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    proc = _tool("train", f"--config={config}", f"--model_dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert not BANNER.search(out), BANNER.search(out).group(0)
+    assert re.search(r"step 4/4: loss .*, ETA \d+s", out), out[-2000:]
+
+    proc = _tool("preprocess", "-v", f"--config={config}", f"--model_dir={tmp_path / 'run2'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert BANNER.search(proc.stderr), proc.stderr[-2000:]

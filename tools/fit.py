@@ -1,0 +1,80 @@
+r"""Trains a run directory's model with Keras ``compile``/``fit`` on the current backend
+(thin wrapper around :func:`deep_nmt_tf.fit.run.train`)::
+
+    deep-nmt-preprocess --config=configs/demo.yaml --model_dir=runs/demo_fit   # TensorFlow
+    KERAS_BACKEND=jax deep-nmt-fit --model_dir=runs/demo_fit \
+        [--override=training.train_steps=3000 ...]
+
+The run directory must hold the token-id files of ``deep-nmt-preprocess``
+(``data/train.npz``; ``data/dev.npz`` for the dev loss); with ``--config`` this tool writes
+them first (that step needs TensorFlow).  No TensorFlow is needed otherwise: on a machine with
+only JAX (e.g. a GPU machine), ``KERAS_BACKEND=jax``; several devices train data-parallel
+(``keras.distribution.DataParallel``).  Checkpoints are ``MODEL_DIR/ckpt-N.weights.h5``,
+which ``deep-nmt-translate``, ``deep-nmt-evaluate`` and ``deep-nmt-export`` read on
+TensorFlow; running the command again resumes from the newest.  The config keys are the custom
+loop's; the ones fit cannot honour (adaptive clipping, the grad-norm ratio, warm start,
+freezing) are refused naming the key (``deep_nmt_tf.fit.compiling``).
+
+Exit status: 0 on success, 2 for an invalid config or data.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from absl import app, flags
+
+from deep_nmt_tf import cli
+from deep_nmt_tf.cli import define_flags
+
+FLAGS = flags.FLAGS
+
+define_flags([
+    (flags.DEFINE_string, "model_dir", None,
+     "Run directory prepared by deep-nmt-preprocess (config.yaml, data/train.npz)."),
+    (flags.DEFINE_string, "config", None,
+     "YAML config file: preprocess the run directory first (needs TensorFlow)."),
+    (flags.DEFINE_multi_string, "override", [],
+     "Config override KEY=VALUE, e.g. training.train_steps=100 (repeatable)."),
+])
+
+
+def _fail(message: str) -> None:
+    print(f"fit: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir=DIR is required")
+    from deep_nmt_tf.config import ConfigError, load_config, require_training_data
+    from deep_nmt_tf.data.text_io import DataError
+
+    try:
+        if FLAGS.config:
+            from deep_nmt_tf.data.preprocess import preprocess_run
+            from deep_nmt_tf.fit.compiling import check_fit_config
+
+            config = load_config(FLAGS.config, FLAGS.override)
+            require_training_data(config)
+            check_fit_config(config)
+            preprocess_run(config, FLAGS.model_dir)
+        from deep_nmt_tf.fit.run import train
+
+        results = train(FLAGS.model_dir, FLAGS.override)
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        _fail(str(e))
+    if results:
+        print("Done: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
+
+
+def run() -> None:
+    """Console-script entry point (``deep-nmt-fit``)."""
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
+
+
+if __name__ == "__main__":
+    run()
