@@ -22,6 +22,7 @@ from typing import Sequence
 
 from absl import app, flags
 
+from deep_nmt_tf import cli
 from deep_nmt_tf.cli import define_flags
 
 FLAGS = flags.FLAGS
@@ -87,7 +88,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-experiment``)."""
-    app.run(main)
+    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
 
 
 if __name__ == "__main__":
