@@ -181,6 +181,12 @@ class TrainingConfig:
                                    "lexical-shortcut gates on a fixed batch (0: every "
                                    "log_every steps).", min=0)
     jit_compile: bool = field(False, "Compile the training step with XLA.")
+    precision: str = field("float32", "Keras dtype policy of the model: 'float32', "
+                           "'mixed_bfloat16' or 'mixed_float16' (float32 variables and "
+                           "checkpoints, half-precision activations; softmax, LayerNorm "
+                           "statistics, mixing weights and the loss in float32; float16 adds "
+                           "dynamic loss scaling, overflow steps skipped and counted).",
+                           choices=("float32", "mixed_bfloat16", "mixed_float16"))
     warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
     freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
                                     "e.g. [encoder/stages/0]) whose variables are not trained "

@@ -44,7 +44,7 @@ from absl import logging
 from deep_nmt_tf.checkpointing import model_trackable
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
-from deep_nmt_tf.training import losses, optimizers, schedules
+from deep_nmt_tf.training import losses, optimizers, precision, schedules
 from deep_nmt_tf.training import runner as runner_lib
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
@@ -121,7 +121,12 @@ class Trainer:
             self.schedule = schedules.build_schedule(
                 self.config, num_replicas=self.strategy.num_replicas_in_sync)
             self.optimizer = optimizers.build_optimizer(self.config, self.schedule)
-            self.optimizer.build(self.trainable_variables)
+            self.loss_scaling = None
+            if precision.uses_loss_scaling(t.precision):
+                self.loss_scaling = precision.LossScaling(self.optimizer)
+                self.loss_scaling.build(self.trainable_variables)
+            else:
+                self.optimizer.build(self.trainable_variables)
             self.gradient_transforms: List[optimizers.GradientTransform] = (
                 optimizers.build_gradient_transforms(self.config) + list(gradient_transforms))
             for transform in self.gradient_transforms:
@@ -174,10 +179,11 @@ class Trainer:
         return config
 
     def build_model(self) -> keras.Model:
-        """The model (built: its variables exist); called inside the strategy scope."""
+        """The model (built: its variables exist) in the ``training.precision`` dtype policy;
+        called inside the strategy scope."""
         from deep_nmt_tf.models import build_model
 
-        return build_model(self.config)
+        return build_model(self.config, dtype=self.config.training.precision)
 
     def build_train_dataset(self, input_context: Optional[tf.distribute.InputContext]
                             ) -> tf.data.Dataset:
@@ -215,6 +221,8 @@ class Trainer:
         for i, transform in enumerate(self.gradient_transforms):
             for name, obj in transform.checkpoint_items().items():
                 items[f"transform_{i}_{name}"] = obj
+        if self.loss_scaling is not None:
+            items.update(self.loss_scaling.checkpoint_items())
         return items
 
     # ------------------------------------------------------------------------------------
@@ -254,7 +262,8 @@ class Trainer:
                 sums, watched = self._diagnostic_loss(batch)
             else:
                 sums, watched = self.compute_loss(batch, training=True), []
-        grads = tape.gradient(sums.loss, list(variables) + watched)
+            loss = sums.loss if self.loss_scaling is None else self.loss_scaling.scale(sums.loss)
+        grads = tape.gradient(loss, list(variables) + watched)
         grads, watched_grads = grads[:len(variables)], grads[len(variables):]
         unused = [getattr(v, "path", v.name) for g, v in zip(grads, variables) if g is None]
         if unused:  # Runs once, while tracing.
@@ -299,6 +308,8 @@ class Trainer:
             denominator = sums["num_sentences"]
         denominator = tf.maximum(denominator, 1.0)
         variables = self.trainable_variables
+        if self.loss_scaling is not None:  # float16: unscale before clipping and the norm
+            denominator = denominator * self.loss_scaling.current_scale()
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
         grads = optimizers.add_l2_gradients(grads, variables, self.config.training.weight_decay,
                                             self._decayed_mask)
@@ -306,6 +317,7 @@ class Trainer:
         for transform in self.gradient_transforms:
             grads = transform(grads, variables, stats)
         skip = tf.logical_not(tf.math.is_finite(stats["grad_norm"]))
+        overflow = skip
         if "skip_update" in stats:
             skip = tf.logical_or(skip, tf.cast(stats.pop("skip_update"), tf.bool))
         out = dict(sums)
@@ -319,6 +331,9 @@ class Trainer:
             out["grad_norm_hN"] = hn / denominator
         applied = apply_gradients_if(tf.logical_not(skip), self.optimizer, grads, variables)
         out["skipped"] = 1.0 - tf.cast(applied, tf.float32)
+        if self.loss_scaling is not None:
+            out["overflow"] = tf.cast(overflow, tf.float32)
+            out["loss_scale"] = self.loss_scaling.current_scale()
         return out
 
     def _train_step(self, iterator, diagnostics=False):
@@ -334,6 +349,10 @@ class Trainer:
         self.step.assign_add(1)
         self.data_position.assign_add(self.accumulation_steps)
         self.skipped_updates.assign_add(tf.cast(outputs["skipped"], tf.int64))
+        if self.loss_scaling is not None:
+            self.loss_scaling.update(outputs["overflow"] > 0)
+            outputs["overflow_updates"] = tf.cast(self.loss_scaling.overflow_updates,
+                                                  tf.float32)
         return outputs
 
     def train_step(self, iterator, diagnostics: bool = False) -> Dict[str, tf.Tensor]:
