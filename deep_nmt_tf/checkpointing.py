@@ -86,16 +86,41 @@ def restore_model_weights(model, checkpoint: str) -> str:
     Raises:
       FileNotFoundError: no checkpoint there.
       AssertionError / ValueError: the checkpoint does not fit the model.
+
+    Checkpoints hold float32 weights (mixed-precision training keeps float32 variables); a
+    model built with a half-precision inference policy (``bfloat16``/``float16`` variables,
+    :func:`deep_nmt_tf.models.build_model`) gets them rounded to its variables' dtype.
     """
     path = checkpoint
     if tf.io.gfile.isdir(checkpoint):
         path = latest_checkpoint(checkpoint)
         if path is None:
             raise FileNotFoundError(f"no checkpoint in {checkpoint}")
+    if any(v.dtype in ("bfloat16", "float16") for v in model.variables):
+        _restore_cast(model, path)
+        return path
     status = model_checkpoint(model).restore(path)
     status.expect_partial()
     status.assert_existing_objects_matched()
     return path
+
+
+def _restore_cast(model, path: str) -> None:
+    """Reads every ``model/variables/<i>`` of ``path`` and assigns it, cast to the variable's
+    dtype (a plain restore refuses a dtype change)."""
+    reader = tf.train.load_checkpoint(path)
+    shapes = reader.get_variable_to_shape_map()
+    for i, variable in enumerate(model.variables):
+        key = f"model/variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
+        if key not in shapes:
+            raise AssertionError(f"{path} has no value for model variable {i} "
+                                 f"({getattr(variable, 'path', variable.name)})")
+        if list(shapes[key]) != list(variable.shape):
+            raise ValueError(f"{path}: model variable {i} "
+                             f"({getattr(variable, 'path', variable.name)}) has shape "
+                             f"{shapes[key]} in the checkpoint, {list(variable.shape)} in the "
+                             "model")
+        variable.assign(tf.cast(reader.get_tensor(key), variable.dtype))
 
 
 def has_object(checkpoint_path: str, name: str) -> bool:

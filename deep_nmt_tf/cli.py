@@ -12,11 +12,17 @@ from typing import Callable, Sequence, Tuple
 
 from absl import flags
 
-__all__ = ["define_flags"]
+__all__ = ["define_flags", "PRECISION_FLAG"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
 FlagDefinition = Tuple[Callable, ...]
+
+#: ``--precision`` of the inference tools (translate, evaluate, export, benchmark's decoding).
+PRECISION_FLAG: FlagDefinition = (
+    flags.DEFINE_enum, "precision", "float32", ["float32", "bfloat16", "float16"],
+    "Inference precision: the dtype of the weights and activations (the float32 checkpoint is "
+    "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).")
 
 
 def _kind(flag) -> str:

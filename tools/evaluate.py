@@ -39,7 +39,7 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags, logging
 
-from deep_nmt_tf.cli import define_flags
+from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 
 FLAGS = flags.FLAGS
 
@@ -67,6 +67,7 @@ define_flags([
     (flags.DEFINE_string, "output", None, "Write the test translations here."),
     (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    PRECISION_FLAG,
 ])
 
 
@@ -181,7 +182,8 @@ def _evaluate_model() -> None:
 
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
-                                           jit_compile=FLAGS.jit_compile)
+                                           jit_compile=FLAGS.jit_compile,
+                                           precision=FLAGS.precision)
     data = translator.config.data
     source = FLAGS.source or data.test_source
     reference = FLAGS.reference or data.test_target

@@ -19,7 +19,7 @@ from typing import Iterable, List, Optional, Sequence
 
 from absl import app, flags
 
-from deep_nmt_tf.cli import define_flags
+from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 
 FLAGS = flags.FLAGS
 
@@ -39,6 +39,7 @@ define_flags([
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    PRECISION_FLAG,
     (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "
                                           "a file)."),
 ])
@@ -125,7 +126,8 @@ def main(argv: Sequence[str]) -> None:
             raise app.UsageError("--n_best must be >= 1")
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
-                                               jit_compile=FLAGS.jit_compile)
+                                               jit_compile=FLAGS.jit_compile,
+                                               precision=FLAGS.precision)
         translate_file(translator, FLAGS.input, FLAGS.output, beam_size=FLAGS.beam_size,
                        length_penalty=FLAGS.length_penalty, n_best=FLAGS.n_best,
                        batch_size=FLAGS.batch_size, progress=FLAGS.progress)
