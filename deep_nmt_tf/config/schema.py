@@ -105,6 +105,10 @@ class DataConfig:
     vocab: str = field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
                        "(learned from the training data if missing).")
     vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
+    vocab_sample_size: int = field(1000000, "Learn the vocabulary from at most this many "
+                                   "training lines (source and target together, spread evenly "
+                                   "over the files; the sample size is logged); 0 = all.",
+                                   min=0)
     lowercase: bool = field(False, "Lower-case text before tokenisation.")
     max_source_length: int = field(128, "Drop training pairs with longer source (tokens).",
                                    min=1)
