@@ -27,6 +27,11 @@ micro-batches and ``n`` replicas:
    apply_gradients_if`), unless the norm is not finite or a transform asked to skip it; a
    skipped update is counted (``skipped_updates``) and leaves the weights and Adam's state alone.
 
+``training.precision`` picks the model's dtype policy; ``mixed_float16`` multiplies the loss by
+a dynamic loss scale before step 1 and divides it out with the denominator in step 3
+(:mod:`~deep_nmt_tf.training.precision`): an overflow is a non-finite norm, skipped as above and
+also counted in ``overflow_updates``; the scale is updated after each update.
+
 The learning-rate schedule reads ``optimizer.iterations`` (updates applied); ``step`` counts
 update attempts, skipped ones included; ``data_position`` counts the micro-batches consumed.
 """
@@ -368,8 +373,10 @@ class Trainer:
           The update's metrics (float32 scalars): the sums ``loss_sum``, ``nll_sum``,
           ``num_tokens``, ``num_sentences``, ``source_tokens`` over the global batch,
           ``grad_norm`` (before clipping), ``learning_rate`` (of this update), ``skipped``, the
-          gradient transforms' statistics and, with ``diagnostics``, ``grad_norm_ratio``,
-          ``grad_norm_h1`` and ``grad_norm_hN``.
+          gradient transforms' statistics, with ``diagnostics`` ``grad_norm_ratio``,
+          ``grad_norm_h1`` and ``grad_norm_hN``, and with float16 loss scaling ``loss_scale``
+          (the scale this step used), ``overflow`` (1.0: the step overflowed and was skipped)
+          and ``overflow_updates`` (skipped overflow steps so far).
         """
         return self._train_step_fn(iterator, bool(diagnostics))
 
