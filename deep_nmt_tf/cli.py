@@ -8,11 +8,12 @@ defined a flag of that name (the earlier definition is then shared).
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence, Tuple
 
 from absl import flags
 
-__all__ = ["define_flags", "PRECISION_FLAG"]
+__all__ = ["define_flags", "PRECISION_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -23,6 +24,33 @@ PRECISION_FLAG: FlagDefinition = (
     flags.DEFINE_enum, "precision", "float32", ["float32", "bfloat16", "float16"],
     "Inference precision: the dtype of the weights and activations (the float32 checkpoint is "
     "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).")
+
+#: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
+DEFAULT_COMPILATION_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "deep_nmt_tf", "xla")
+
+#: ``--compilation_cache`` of the tools that compile searches (translate, evaluate).
+COMPILATION_CACHE_FLAG: FlagDefinition = (
+    flags.DEFINE_string, "compilation_cache", DEFAULT_COMPILATION_CACHE,
+    "Directory of XLA's persistent compilation cache: a search compiled once for a model and "
+    "an input shape is read back by later runs instead of being compiled again ('' = off).")
+
+
+def enable_compilation_cache(directory: str) -> bool:
+    """Turns on TensorFlow's persistent XLA compilation cache in ``directory``.
+
+    TensorFlow reads ``TF_XLA_FLAGS`` at the process's first XLA compilation, so call this
+    before (it needs no TensorFlow import).  Entries are keyed by the compiled graph and the
+    device, so a changed model or TensorFlow version simply misses.  Returns False (and changes
+    nothing) when ``directory`` is empty or ``TF_XLA_FLAGS`` already names a cache.
+    """
+    current = os.environ.get("TF_XLA_FLAGS", "")
+    if not directory or "tf_xla_persistent_cache_directory" in current:
+        return False
+    os.makedirs(directory, exist_ok=True)
+    os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={directory}"
+    return True
 
 
 def _kind(flag) -> str:

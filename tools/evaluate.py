@@ -39,7 +39,8 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags, logging
 
-from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, define_flags,
+                             enable_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -68,6 +69,7 @@ define_flags([
     (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
     PRECISION_FLAG,
+    COMPILATION_CACHE_FLAG,
 ])
 
 
@@ -180,6 +182,8 @@ def _evaluate_model() -> None:
     from deep_nmt_tf.export.translator import Translator
     from deep_nmt_tf.run_dir import RunDir
 
+    if FLAGS.jit_compile:
+        enable_compilation_cache(FLAGS.compilation_cache)
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
                                            jit_compile=FLAGS.jit_compile,

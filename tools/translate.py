@@ -19,7 +19,8 @@ from typing import Iterable, List, Optional, Sequence
 
 from absl import app, flags
 
-from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, define_flags,
+                             enable_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -40,6 +41,7 @@ define_flags([
      "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
     PRECISION_FLAG,
+    COMPILATION_CACHE_FLAG,
     (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "
                                           "a file)."),
 ])
@@ -124,6 +126,8 @@ def main(argv: Sequence[str]) -> None:
             raise app.UsageError("--beam_size must be >= 1")
         if FLAGS.n_best < 1:
             raise app.UsageError("--n_best must be >= 1")
+        if FLAGS.jit_compile:
+            enable_compilation_cache(FLAGS.compilation_cache)
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
                                                jit_compile=FLAGS.jit_compile,
