@@ -10,27 +10,57 @@ not used because Keras 3 models do not expose all their sub-layers and seed gene
 TensorFlow's object graph (only some weights would be saved).
 
 Inference code loads weights with :func:`restore_model_weights` (training and model-only
-checkpoints alike) and writes model-only checkpoints (averaging) with :func:`model_checkpoint`.
+checkpoints alike; a checkpoint of another model is refused naming the first variable that does
+not fit) and writes model-only checkpoints (averaging) with :func:`model_checkpoint`.
 Checkpoints are named ``ckpt-N`` (``N`` = step) and listed in the directory's ``checkpoint``
-file (``tf.train.CheckpointManager``); :func:`list_checkpoints` and :func:`latest_checkpoint`
-read it.  Where a run directory keeps them is :mod:`deep_nmt_tf.run_dir`'s business.
+file (``tf.train.CheckpointManager``).  Where a run directory keeps them is
+:mod:`deep_nmt_tf.run_dir`'s business.
+
+Damaged checkpoints.  :func:`find_checkpoints` lists the checkpoints of a directory from its
+``checkpoint`` file *and* from the ``ckpt-N.index`` files present (the ``checkpoint`` file may
+be empty, unreadable or name files that are gone); :func:`checkpoint_problem` tells what is
+wrong with one (missing ``.index`` or ``.data`` files, an index that does not parse, a truncated
+data file or a checksum mismatch: every tensor is read); :func:`newest_valid_checkpoint` gives
+the newest one without a problem and the ones it skipped.  A resumed training run
+(:meth:`CheckpointSaver.restore_latest`) starts from that one with a WARNING naming each skipped
+file, renames the skipped checkpoints' files to ``<file>.unreadable`` (kept, never deleted) and
+rewrites the ``checkpoint`` file to list only the valid checkpoints up to the resumed one, so
+that the rotation of ``tf.train.CheckpointManager`` never deletes a checkpoint newer than the
+one it resumed from.  When checkpoint files exist but none is valid it refuses to start
+(:class:`CheckpointError`, naming them) unless asked to start over.
 
 Under ``MultiWorkerMirroredStrategy`` every worker must take part in saving; non-chief workers
 write to a temporary directory that is deleted afterwards (the ``tf.distribute`` recipe,
-:class:`CheckpointSaver`).
+:class:`CheckpointSaver`), and only the chief repairs the chief's directory.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import re
 import shutil
 import tempfile
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from absl import logging
 
-__all__ = ["model_trackable", "model_checkpoint", "restore_model_weights", "checkpoint_step",
-           "latest_checkpoint", "list_checkpoints", "has_object", "CheckpointSaver"]
+__all__ = ["CheckpointError", "model_trackable", "model_checkpoint", "restore_model_weights",
+           "check_model_checkpoint", "checkpoint_step", "latest_checkpoint", "list_checkpoints",
+           "find_checkpoints", "checkpoint_files", "checkpoint_problem",
+           "newest_valid_checkpoint", "resume_checkpoint", "has_object", "CheckpointSaver"]
+
+_STATE_FILE = "checkpoint"
+_PREFIX = "ckpt"
+#: Suffix given to the files of a checkpoint that cannot be read (they are kept).
+UNREADABLE_SUFFIX = ".unreadable"
+_MODEL_KEY = re.compile(r"^model/variables/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, damaged or does not fit the model (the message names it)."""
 
 
 def model_trackable(model) -> tf.train.Checkpoint:
@@ -54,21 +84,180 @@ def checkpoint_step(path: str) -> int:
         return -1
 
 
-def latest_checkpoint(directory: str) -> Optional[str]:
-    """The newest checkpoint that ``DIRECTORY/checkpoint`` names, or None."""
-    return tf.train.latest_checkpoint(directory)
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    lines = [line for line in text.splitlines() if line.strip() and "{{" not in line]
+    return (lines[0] if lines else text.splitlines()[0]).strip()
 
 
-def list_checkpoints(directory: str) -> List[str]:
-    """All checkpoints that ``DIRECTORY/checkpoint`` lists and that exist, oldest first (by
-    step)."""
-    state = tf.train.get_checkpoint_state(directory)
+# ---------------------------------------------------------------------------------------------
+# Finding and checking checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def _listed_checkpoints(directory: str) -> List[str]:
+    """The prefixes the ``checkpoint`` file lists ([] when it is missing, empty or unreadable)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except (ValueError, tf.errors.OpError) as e:
+        logging.warning("%s: unreadable (%s); looking for the checkpoint files themselves",
+                        os.path.join(directory, _STATE_FILE), _first_line(e))
+        return []
     if state is None:
         return []
     paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    paths = [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths]
-    paths = [p for p in paths if tf.io.gfile.exists(p + ".index")]
-    return sorted(set(paths), key=checkpoint_step)
+    return [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths if p]
+
+
+def find_checkpoints(directory: str) -> List[str]:
+    """Every checkpoint of ``directory``, oldest first (by step): the ones its ``checkpoint``
+    file lists (even if their files are gone) and every ``ckpt-N.index`` present."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    found = {os.path.normpath(p) for p in _listed_checkpoints(directory)}
+    for index in tf.io.gfile.glob(os.path.join(directory, f"{_PREFIX}-*.index")):
+        found.add(os.path.normpath(index[:-len(".index")]))
+    return sorted(found, key=lambda p: (checkpoint_step(p), p))
+
+
+def checkpoint_files(path: str) -> List[str]:
+    """The files of checkpoint ``path`` that exist (``.index`` and ``.data-*``)."""
+    return sorted(glob.glob(glob.escape(path) + ".index") +
+                  glob.glob(glob.escape(path) + ".data-*-of-*"))
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """What prevents reading checkpoint ``path`` (naming the file at fault), or None.
+
+    Reads every tensor, so a truncated data file or a checksum mismatch is found.
+    """
+    index = path + ".index"
+    if not tf.io.gfile.exists(index):
+        return f"{index} is missing"
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except Exception as e:  # noqa: BLE001 - TF raises several types for a damaged index
+        return f"{index} is unreadable ({_first_line(e)})"
+    shards = glob.glob(glob.escape(path) + ".data-*-of-*")
+    expected = {re.search(r"-of-(\d+)$", s).group(1) for s in shards}
+    if not shards or len(expected) != 1 or len(shards) != int(expected.pop()):
+        return f"{path}.data-* files are missing ({len(shards)} found)"
+    data = shards[0] if len(shards) == 1 else f"{path}.data-*"
+    try:
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype != tf.variant:
+                reader.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - truncated (IndexError), checksum (DataLoss) ...
+        return f"{data} is damaged ({_first_line(e)})"
+    return None
+
+
+def newest_valid_checkpoint(directory: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """The newest checkpoint of ``directory`` that can be read, and the newer ones skipped.
+
+    Returns:
+      ``(path or None, [(skipped path, problem), ...])``, the skipped ones newest first (all of
+      them when none is valid).
+    """
+    skipped = []
+    for path in reversed(find_checkpoints(directory)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def latest_checkpoint(directory: str) -> Optional[str]:
+    """The newest checkpoint of ``directory`` that can be read, or None; each newer one that
+    cannot is skipped with a WARNING naming its problem."""
+    path, skipped = newest_valid_checkpoint(directory)
+    for bad, problem in skipped:
+        logging.warning("Skipping checkpoint %s: %s", bad, problem)
+    return path
+
+
+def list_checkpoints(directory: str) -> List[str]:
+    """All checkpoints of ``directory`` whose ``.index`` exists, oldest first (by step)."""
+    return [p for p in find_checkpoints(directory) if tf.io.gfile.exists(p + ".index")]
+
+
+def _set_aside(path: str) -> List[str]:
+    """Renames the files of a damaged checkpoint to ``<file>.unreadable`` (a free name)."""
+    moved = []
+    for name in checkpoint_files(path):
+        target, n = name + UNREADABLE_SUFFIX, 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{name}{UNREADABLE_SUFFIX}-{n}"
+        os.replace(name, target)
+        moved.append(target)
+    return moved
+
+
+def _write_state(directory: str, paths: Sequence[str]) -> None:
+    """Rewrites ``DIRECTORY/checkpoint`` to list ``paths`` (oldest first; set aside if empty),
+    with their files' times as timestamps, so that ``tf.train.CheckpointManager`` rotates them
+    as usual."""
+    state = os.path.join(directory, _STATE_FILE)
+    if not paths:
+        if os.path.exists(state):
+            os.replace(state, state + UNREADABLE_SUFFIX)
+        return
+    names = [json.dumps(os.path.relpath(p, directory)) for p in paths]
+    lines = [f"model_checkpoint_path: {names[-1]}"]
+    lines += [f"all_model_checkpoint_paths: {n}" for n in names]
+    lines += [f"all_model_checkpoint_timestamps: {os.path.getmtime(p + '.index')!r}"
+              for p in paths]
+    lines.append("last_preserved_timestamp: 0.0")
+    tmp = f"{state}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model weights
+# ---------------------------------------------------------------------------------------------
+
+
+def _describe(variable) -> str:
+    return getattr(variable, "path", None) or variable.name
+
+
+def check_model_checkpoint(model, path: str, rounded: bool = False) -> None:
+    """Raises :class:`CheckpointError` naming the first model variable that the checkpoint does
+    not hold with the same shape and dtype (before any value is restored, so a checkpoint of
+    another model gives one clear message instead of a failed partial restore).  ``rounded``:
+    a ``bfloat16``/``float16`` model variable may be ``float32`` in the checkpoint."""
+    reader = tf.train.load_checkpoint(path)
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    saved = {}
+    for key, shape in shapes.items():
+        match = _MODEL_KEY.match(key)
+        if match:
+            saved[int(match.group(1))] = (tuple(shape), dtypes[key])
+    variables = list(model.variables)
+    for i, variable in enumerate(variables):
+        if i not in saved:
+            raise CheckpointError(
+                f"{path} does not fit this model: it holds {len(saved)} model variables, the "
+                f"model has {len(variables)} (the first one missing: variable {i}, "
+                f"{_describe(variable)}); it is a checkpoint of another model")
+        shape, dtype = saved[i]
+        want_shape, want_dtype = tuple(variable.shape), tf.as_dtype(variable.dtype)
+        if rounded and dtype == tf.float32 and want_dtype in (tf.bfloat16, tf.float16):
+            dtype = want_dtype
+        if shape != want_shape or dtype != want_dtype:
+            raise CheckpointError(
+                f"{path} does not fit this model: variable {i} ({_describe(variable)}) is "
+                f"{want_dtype.name}{list(want_shape)} in the model but "
+                f"{dtype.name}{list(shape)} in the checkpoint; it is a checkpoint of another "
+                "model")
+    if len(saved) > len(variables):
+        raise CheckpointError(f"{path} does not fit this model: it holds {len(saved)} model "
+                              f"variables, the model has {len(variables)}; it is a checkpoint "
+                              "of another model")
 
 
 def restore_model_weights(model, checkpoint: str) -> str:
@@ -78,14 +267,16 @@ def restore_model_weights(model, checkpoint: str) -> str:
 
     Args:
       model: the model, built from the same ``model`` config as the checkpoint.
-      checkpoint: a checkpoint path (``MODEL_DIR/ckpt-N``) or a directory (its latest).
+      checkpoint: a checkpoint path (``MODEL_DIR/ckpt-N``) or a directory (its newest valid
+        one, :func:`latest_checkpoint`).
 
     Returns:
       The checkpoint path read.
 
     Raises:
-      FileNotFoundError: no checkpoint there.
-      AssertionError / ValueError: the checkpoint does not fit the model.
+      FileNotFoundError: no checkpoint there (the message lists the directory's checkpoints).
+      CheckpointError: the checkpoint is damaged, or does not fit the model (naming the first
+        variable that differs).
 
     Checkpoints hold float32 weights (mixed-precision training keeps float32 variables); a
     model built with a half-precision inference policy (``bfloat16``/``float16`` variables,
@@ -96,30 +287,31 @@ def restore_model_weights(model, checkpoint: str) -> str:
         path = latest_checkpoint(checkpoint)
         if path is None:
             raise FileNotFoundError(f"no checkpoint in {checkpoint}")
-    if any(v.dtype in ("bfloat16", "float16") for v in model.variables):
+    elif not tf.io.gfile.exists(path + ".index"):
+        directory = os.path.dirname(path) or "."
+        known = ", ".join(os.path.basename(p) for p in list_checkpoints(directory)) or "none"
+        raise FileNotFoundError(f"{path}: no such checkpoint ({path}.index not found; "
+                                f"checkpoints in {directory}: {known})")
+    problem = checkpoint_problem(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {problem}")
+    rounded = any(v.dtype in ("bfloat16", "float16") for v in model.variables)
+    # Every model variable is there, same shape and dtype (float32 for a rounded one).
+    check_model_checkpoint(model, path, rounded=rounded)
+    if rounded:
         _restore_cast(model, path)
-        return path
-    status = model_checkpoint(model).restore(path)
-    status.expect_partial()
-    status.assert_existing_objects_matched()
+    else:
+        model_checkpoint(model).restore(path).expect_partial()
     return path
 
 
 def _restore_cast(model, path: str) -> None:
-    """Reads every ``model/variables/<i>`` of ``path`` and assigns it, cast to the variable's
-    dtype (a plain restore refuses a dtype change)."""
+    """Assigns every ``model/variables/<i>`` of ``path`` (checked by
+    :func:`check_model_checkpoint`) cast to the variable's dtype (a plain restore refuses a
+    dtype change)."""
     reader = tf.train.load_checkpoint(path)
-    shapes = reader.get_variable_to_shape_map()
     for i, variable in enumerate(model.variables):
         key = f"model/variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
-        if key not in shapes:
-            raise AssertionError(f"{path} has no value for model variable {i} "
-                                 f"({getattr(variable, 'path', variable.name)})")
-        if list(shapes[key]) != list(variable.shape):
-            raise ValueError(f"{path}: model variable {i} "
-                             f"({getattr(variable, 'path', variable.name)}) has shape "
-                             f"{shapes[key]} in the checkpoint, {list(variable.shape)} in the "
-                             "model")
         variable.assign(tf.cast(reader.get_tensor(key), variable.dtype))
 
 
@@ -129,8 +321,41 @@ def has_object(checkpoint_path: str, name: str) -> bool:
     return any(key.startswith(prefix) for key, _ in tf.train.list_variables(checkpoint_path))
 
 
+# ---------------------------------------------------------------------------------------------
+# Training checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def resume_checkpoint(directory: str, start_over: bool = False
+                      ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """Which checkpoint a training run in ``directory`` resumes from; changes nothing.
+
+    Returns:
+      :func:`newest_valid_checkpoint`'s ``(path or None, skipped)``.
+
+    Raises:
+      CheckpointError: checkpoint files exist but none can be read, and not ``start_over``
+        (naming each file and its problem); or ``start_over`` although one can be read.
+    """
+    path, skipped = newest_valid_checkpoint(directory)
+    if path is not None and start_over:
+        raise CheckpointError(
+            f"{directory} has a valid checkpoint, {path}: --start_over only starts over in a "
+            "run directory whose checkpoints cannot be read; resume from it (drop "
+            "--start_over) or use a new --model_dir")
+    if skipped and path is None and not start_over:
+        listing = "; ".join(f"{bad}: {problem}" for bad, problem in skipped)
+        raise CheckpointError(
+            f"{directory} has checkpoints but none can be read ({listing}). Nothing was "
+            "changed. Restore the files, or pass --start_over (Trainer(start_over=True)) to "
+            f"train from step 0 (the unreadable files are kept, renamed *{UNREADABLE_SUFFIX})")
+    return path, skipped
+
+
+
 class CheckpointSaver:
-    """A ``tf.train.CheckpointManager`` that also works on non-chief workers.
+    """A ``tf.train.CheckpointManager`` that also works on non-chief workers, and resumes from
+    the newest valid checkpoint (module docstring).
 
     Args:
       checkpoint: the ``tf.train.Checkpoint`` (model, optimizer, counters ...).
@@ -148,28 +373,67 @@ class CheckpointSaver:
         self._step_counter = step_counter
         self._write_directory = directory if chief else tempfile.mkdtemp(
             prefix="deep_nmt_ckpt_")
+        self._manager: Optional[tf.train.CheckpointManager] = None
+        self.restored: Optional[str] = None
         self.set_checkpoint(checkpoint)
 
     def set_checkpoint(self, checkpoint: tf.train.Checkpoint) -> None:
         """Saves ``checkpoint`` from now on (e.g. the same objects plus the data iterator)."""
         self.checkpoint = checkpoint
-        self._manager = tf.train.CheckpointManager(checkpoint, self._write_directory,
-                                                   max_to_keep=self._max_to_keep,
-                                                   step_counter=self._step_counter)
+        self._manager = None  # Created at the first save (after restore_latest's repairs).
 
     @property
     def latest_checkpoint(self) -> Optional[str]:
-        """The newest checkpoint of ``directory`` (read from the chief's directory)."""
-        return latest_checkpoint(self.directory)
+        """The newest checkpoint that the chief's ``checkpoint`` file names (or None)."""
+        listed = _listed_checkpoints(self.directory) if tf.io.gfile.isdir(
+            self.directory) else []
+        return max(listed, key=checkpoint_step) if listed else None
 
-    def restore_latest(self) -> Optional[str]:
-        """Restores the newest checkpoint of ``directory`` if there is one; returns its path.
+    def find_resume_checkpoint(self, start_over: bool = False,
+                               found: Optional[Tuple[Optional[str], list]] = None
+                               ) -> Optional[str]:
+        """The checkpoint a resumed run starts from: the newest valid one (module docstring).
+
+        The chief renames the skipped checkpoints' files (``.unreadable``) and rewrites the
+        ``checkpoint`` file; other workers only read.
+
+        Args:
+          start_over: start from step 0 when checkpoint files exist but none can be read.
+          found: :func:`resume_checkpoint`'s result, if it was called already.
+
+        Raises:
+          CheckpointError: see :func:`resume_checkpoint`.
+        """
+        path, skipped = found or resume_checkpoint(self.directory, start_over)
+        for bad, problem in skipped:
+            logging.warning("Skipping checkpoint %s: %s", bad, problem)
+        listed = {os.path.normpath(p) for p in _listed_checkpoints(self.directory)}
+        if self.chief and (skipped or (path is not None and path not in listed)):
+            for bad, _ in skipped:
+                for moved in _set_aside(bad):
+                    logging.warning("Kept the unreadable file as %s", moved)
+            keep = [] if path is None else [
+                p for p in find_checkpoints(self.directory)
+                if checkpoint_step(p) <= checkpoint_step(path) and
+                tf.io.gfile.exists(p + ".index")]
+            _write_state(self.directory, keep)
+        if skipped and path is not None:
+            logging.warning("Resuming from %s, the newest checkpoint that can be read", path)
+        elif skipped:
+            logging.warning("Starting over from step 0 in %s (--start_over)", self.directory)
+        return path
+
+    def restore_latest(self, start_over: bool = False,
+                       found: Optional[Tuple[Optional[str], list]] = None) -> Optional[str]:
+        """Restores the newest valid checkpoint of ``directory`` if there is one (see
+        :meth:`find_resume_checkpoint`); returns its path.
 
         Every object of the checkpoint object must find its value (the model and optimizer are
         built first), so a checkpoint of a different model fails loudly; values saved for
         objects that do not exist yet (the data iterator) are left for later.
         """
-        path = self.latest_checkpoint
+        path = self.find_resume_checkpoint(start_over, found)
+        self.restored = path
         if path is None:
             return None
         status = self.checkpoint.restore(path)
@@ -177,8 +441,16 @@ class CheckpointSaver:
         status.expect_partial()
         return path
 
+    def chief_path(self, step: int) -> str:
+        """The path of the chief's checkpoint of ``step``."""
+        return os.path.join(self.directory, f"{_PREFIX}-{step}")
+
     def save(self) -> Optional[str]:
         """Writes a checkpoint numbered by the step counter; returns the chief's path."""
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(
+                self.checkpoint, self._write_directory, max_to_keep=self._max_to_keep,
+                step_counter=self._step_counter, checkpoint_name=_PREFIX)
         step = int(self._step_counter.numpy())
         path = self._manager.save(checkpoint_number=step)
         if not self.chief:

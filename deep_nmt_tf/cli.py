@@ -3,17 +3,22 @@
 absl's ``FLAGS`` is one registry per process, and several tools may be imported into the same
 process (tests, notebooks, a tool reusing another's functions); defining a flag twice is an
 error.  :func:`define_flags` defines a tool's flags, each unless a tool imported earlier already
-defined a flag of that name (the earlier definition is then shared).
+defined a flag of that name (the earlier definition is then shared).  Every float flag it
+defines refuses NaN and infinities (``--length_penalty=nan`` is a flag error, like a value
+below the flag's ``lower_bound``).  :func:`check_output_path` lets a tool refuse an output file
+it could not write before it does any work.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, Sequence, Tuple
 
 from absl import flags
 
-__all__ = ["define_flags", "PRECISION_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache"]
+__all__ = ["define_flags", "check_output_path", "PRECISION_FLAG", "COMPILATION_CACHE_FLAG",
+           "enable_compilation_cache"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -67,6 +72,9 @@ def define_flags(definitions: Sequence[FlagDefinition], flag_values=flags.FLAGS)
     for define, name, default, *arguments in definitions:
         if name not in flag_values:
             define(name, default, *arguments, flag_values=flag_values)
+            if define is flags.DEFINE_float:
+                flags.register_validator(name, _finite, message="must be a finite number",
+                                         flag_values=flag_values)
             continue
         wanted = flags.FlagValues()
         define(name, default, *arguments, flag_values=wanted)
@@ -74,3 +82,25 @@ def define_flags(definitions: Sequence[FlagDefinition], flag_values=flags.FLAGS)
             raise flags.Error(f"flag --{name} is already defined with another type "
                               f"({_kind(flag_values[name])}); this tool needs "
                               f"{_kind(wanted[name])}")
+
+
+def _finite(value) -> bool:
+    return value is None or math.isfinite(value)
+
+
+def check_output_path(flag: str, path: str) -> None:
+    """Raises ``ValueError`` (naming ``--flag=path``) when ``path`` cannot be written: it is a
+    directory, its directory does not exist, or there is no permission.  Nothing is created or
+    truncated.  ``-`` (stdout) and empty paths pass."""
+    if not path or path == "-":
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        problem = "it is a directory"
+    elif not os.path.isdir(directory):
+        problem = f"the directory {directory} does not exist"
+    elif not os.access(path if os.path.exists(path) else directory, os.W_OK):
+        problem = "permission denied"
+    else:
+        return
+    raise ValueError(f"--{flag}={path}: cannot write it: {problem}")

@@ -23,6 +23,10 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   ``merge_call``).
 * ``KerasVariable._value`` (TensorFlow backend): :func:`tf_variable`, the ``tf.Variable`` behind a
   Keras 3 variable (the SavedModel export tracks these).
+* ``tensorflow.python.eager.context.context().configure_coordination_service``:
+  :func:`set_worker_heartbeat_timeout`, the heartbeat timeout after which the coordination
+  service of ``MultiWorkerMirroredStrategy`` declares a worker lost (the strategy configures the
+  service itself, with TensorFlow's default, only when none is configured yet).
 
 Backend gaps (public APIs that lack something on one backend):
 
@@ -53,6 +57,7 @@ __all__ = [
     "strategy_supports_no_merge_call",
     "tf_variable",
     "scan",
+    "set_worker_heartbeat_timeout",
 ]
 
 #: Name of Keras 3's TensorFlow-optimizer method that all-reduces gradients in ``apply``.
@@ -67,6 +72,7 @@ HOOKS = (
     "tf.__internal__.tracking.Trackable",
     "tf.__internal__.distribute.strategy_supports_no_merge_call",
     f"keras.Variable.{_VARIABLE_VALUE}",
+    "tensorflow.python.eager.context.configure_coordination_service",
 )
 
 # --------------------------------------------------------------------------------------------
@@ -208,3 +214,19 @@ def scan(f, init, xs):
     for y in ys:
         y.set_shape(tf.TensorShape([length]).concatenate(y.shape[1:]))
     return keras.tree.pack_sequence_as(init, carry), keras.tree.pack_sequence_as(init, ys)
+
+
+def set_worker_heartbeat_timeout(seconds: float) -> None:
+    """Configures the coordination service that ``MultiWorkerMirroredStrategy`` starts (from
+    ``TF_CONFIG``) with a heartbeat timeout of ``seconds``: a worker silent that long counts as
+    lost, and the collectives of the others fail with ``UnavailableError``.  Call it before the
+    strategy is created (and before TensorFlow's runtime starts)."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    jobs = resolver.cluster_spec().jobs
+    leader = "chief" if "chief" in jobs else "worker"
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=f"/job:{leader}/replica:0/task:0",
+        heartbeat_timeout_in_ms=int(seconds * 1000))

@@ -216,6 +216,22 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _hardware() -> str:
+    """``"<CPU model>, <n> cores, TensorFlow <version>"`` (the machine a run trained on)."""
+    import platform
+
+    import tensorflow as tf
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
+
+
 def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) -> None:
     from deep_nmt_tf.training import Trainer
 
@@ -224,7 +240,7 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) 
     target = config.training.train_steps
     training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
-                    config=os.path.abspath(run.config))
+                    config=os.path.abspath(run.config), hardware=_hardware())
     if done >= target:
         training["updates"] = done
         state.save()

@@ -15,7 +15,9 @@
 - ``exports/``: SavedModel versions (``exports/<version>/``, the default of
   :func:`deep_nmt_tf.export.export_model_dir`);
 - ``averaged_checkpoints.txt``: in a directory written by checkpoint averaging, the averaged
-  checkpoints.
+  checkpoints;
+- ``data_stats.json``: the training corpus' pair counts (empty pairs, pairs over the length
+  limits), cached so that a resumed run need not tokenize the corpus again.
 
 :class:`RunDir` resolves every path against the directory as it was given (relative or
 absolute ``--model_dir`` alike).  Data paths of the saved config that point inside the run
@@ -29,6 +31,10 @@ is a :class:`~deep_nmt_tf.config.ConfigError` naming the differing keys (the che
 not fit, or would silently mean something else), and so is a vocabulary whose sha256 differs
 from the one in ``run.json``.  Other sections may change (e.g. a longer
 ``training.train_steps``); the changes are logged and ``config.yaml`` is rewritten.
+
+A ``--model_dir`` that is a file is a :class:`RunDirError`; so is writing into a directory that
+holds another run (:meth:`RunDir.refuse_overwrite`: checkpoint averaging, vocabulary building)
+unless ``--overwrite`` is given.
 
 This module imports TensorFlow only inside the functions that read checkpoints, so tools can
 validate a run directory before TensorFlow starts.
@@ -56,7 +62,8 @@ from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to
 
 __all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "DATA_DIRNAME",
            "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "AVERAGED_FILENAME",
-           "DATA_PATH_KEYS", "RunDir", "flatten", "config_differences", "file_sha256"]
+           "DATA_STATS_FILENAME", "DATA_PATH_KEYS", "RunDir", "RunDirError", "flatten",
+           "config_differences", "file_sha256"]
 
 CONFIG_FILENAME = "config.yaml"
 METADATA_FILENAME = "run.json"
@@ -66,6 +73,7 @@ TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
 EXPORTS_DIRNAME = "exports"
 AVERAGED_FILENAME = "averaged_checkpoints.txt"
+DATA_STATS_FILENAME = "data_stats.json"
 #: The ``data`` keys that hold file paths (stored relative to the run directory when inside it).
 DATA_PATH_KEYS = ("train_source", "train_target", "dev_source", "dev_target", "test_source",
                   "test_target", "vocab")
@@ -100,6 +108,11 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+class RunDirError(ValueError):
+    """A run directory cannot be used as asked (a file, or another run's files would be
+    overwritten); the message names the path."""
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -114,12 +127,18 @@ class RunDir:
     Args:
       path: the directory (relative to the working directory, or absolute; need not exist
         yet), or another :class:`RunDir`.
+
+    Raises:
+      RunDirError: ``path`` is an existing file.
     """
 
     def __init__(self, path: Union[str, os.PathLike, "RunDir"]):
         self.path = path.path if isinstance(path, RunDir) else os.fspath(path)
         if not self.path:
-            raise ValueError("empty run directory path")
+            raise RunDirError("empty run directory path")
+        if not _is_url(self.path) and os.path.isfile(self.path):
+            raise RunDirError(f"{self.path} is a file, not a run directory (--model_dir names "
+                              "a directory: config.yaml, checkpoints, logs)")
 
     def __repr__(self) -> str:
         return f"RunDir({self.path!r})"
@@ -166,9 +185,32 @@ class RunDir:
         """``MODEL_DIR/<name>``: TensorBoard events (``TRAIN_LOGS``, ``EVAL_LOGS``)."""
         return self.join(name)
 
+    @property
+    def data_stats_path(self) -> str:
+        """``MODEL_DIR/data_stats.json`` (training pair counts, cached)."""
+        return self.join(DATA_STATS_FILENAME)
+
     def has_config(self) -> bool:
         """Whether ``config.yaml`` exists (a run was started here)."""
         return os.path.exists(self.config_path)
+
+    def run_files(self) -> List[str]:
+        """The files that show a run was made here (config, metadata, checkpoints), sorted."""
+        if not os.path.isdir(self.path):
+            return []
+        names = {CONFIG_FILENAME, METADATA_FILENAME, "checkpoint"}
+        return sorted(n for n in os.listdir(self.path) if n in names or (
+            n.startswith("ckpt-") and n.endswith(".index")))
+
+    def refuse_overwrite(self, what: str, flag: str = "--overwrite") -> None:
+        """Raises :class:`RunDirError` if this directory holds a run, whose files writing
+        ``what`` here would replace (pass ``flag`` to allow it)."""
+        files = self.run_files()
+        if files:
+            shown = ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6
+                                            else "")
+            raise RunDirError(f"{self.path} holds a run ({shown}): writing {what} there would "
+                              f"overwrite its files. Choose another directory, or pass {flag}")
 
     # -- paths in the saved config -----------------------------------------------------------
     def _inside(self, path: str) -> bool:
@@ -335,15 +377,51 @@ class RunDir:
             size = sum(1 for _ in f)
         return {"file": self.stored_path(path), "size": size, "sha256": file_sha256(path)}
 
+    def check_vocab(self, path: str, source: str = "") -> None:
+        """Raises ConfigError if the vocabulary file ``path`` is not the one ``run.json``
+        records (another sha256, even at the same size); the message names both files.
+
+        Training checks it on resume, and translation, evaluation and export before loading the
+        weights (a rewritten ``vocab.txt`` would silently turn every translation into
+        garbage).  Runs without a record (older versions) are not checked.
+        """
+        recorded = self.metadata().get("vocab") or {}
+        if not recorded.get("sha256") or not path or not os.path.exists(path):
+            return
+        digest = file_sha256(path)
+        if digest == recorded["sha256"]:
+            return
+        with open(path, encoding="utf-8", errors="replace") as f:
+            size = sum(1 for _ in f)
+        trained = self.resolve_path(recorded.get("file") or "") or "?"
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(
+            f"{prefix}vocabulary {path} ({size} tokens, sha256 {digest[:12]}...) is not the "
+            f"vocabulary this model directory was trained with: {trained} "
+            f"({recorded.get('size')} tokens, sha256 {recorded['sha256'][:12]}..., recorded in "
+            f"{self.metadata_path}). Restore that vocabulary, or use a new --model_dir.")
+
     def _check_vocab(self, config: Config) -> None:
-        recorded = (self.metadata().get("vocab") or {}).get("sha256")
-        current = self._vocab_record(config)
-        if recorded and current and current["sha256"] != recorded:
-            raise ConfigError(
-                f"{config.source}: data.vocab: {config.data.vocab} is not the vocabulary this "
-                f"model directory was trained with (sha256 {current['sha256'][:12]}... != "
-                f"{recorded[:12]}... in {self.metadata_path}). Use a new --model_dir, or "
-                f"restore the vocabulary.")
+        self.check_vocab(config.data.vocab, config.source)
+
+    # -- cached data statistics ------------------------------------------------------------------
+    def cached_data_stats(self, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The statistics saved by :meth:`save_data_stats` under the same ``key``, or None."""
+        try:
+            with open(self.data_stats_path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return saved.get("stats") if saved.get("key") == key else None
+
+    def save_data_stats(self, key: Dict[str, Any], stats: Dict[str, Any]) -> None:
+        """Writes ``data_stats.json`` (atomically; every worker may call it)."""
+        os.makedirs(self.path, exist_ok=True)
+        tmp = f"{self.data_stats_path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "stats": stats}, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, self.data_stats_path)
 
     # -- metadata ----------------------------------------------------------------------------------
     def metadata(self) -> Dict[str, Any]:
@@ -368,7 +446,9 @@ class RunDir:
 
     # -- checkpoints (TensorFlow) -----------------------------------------------------------------
     def latest_checkpoint(self) -> Optional[str]:
-        """The newest checkpoint (``MODEL_DIR/ckpt-N``), or None."""
+        """The newest checkpoint that can be read (``MODEL_DIR/ckpt-N``), or None; newer ones
+        that cannot are skipped with a WARNING (:func:`deep_nmt_tf.checkpointing.
+        latest_checkpoint`)."""
         from deep_nmt_tf.checkpointing import latest_checkpoint
 
         return latest_checkpoint(self.path)

@@ -129,7 +129,25 @@ def test_keras_variable_value_hook():
 
 
 PRIVATE = re.compile(r"keras\.src|tf\.__internal__|\._value\b|[\"']_value[\"']|"
-                     r"_all_reduce_sum_gradients")
+                     r"_all_reduce_sum_gradients|tensorflow\.python")
+
+
+def test_coordination_service_hook():
+    """MultiWorkerMirroredStrategy leaves a coordination service configured beforehand alone,
+    and the configuration takes a heartbeat timeout (the behaviour itself: the multi-worker
+    test, tests/test_training_multi_worker.py)."""
+    import inspect
+
+    with hook(compat.HOOKS[5]):
+        from tensorflow.python.distribute import collective_all_reduce_strategy
+        from tensorflow.python.eager import context
+
+        parameters = inspect.signature(context.context().configure_coordination_service)
+        assert {"service_type", "service_leader", "heartbeat_timeout_in_ms"} <= set(
+            parameters.parameters)
+        source = inspect.getsource(collective_all_reduce_strategy.CollectiveAllReduceExtended)
+        assert "context.context().coordination_service is None" in source
+        assert callable(compat.set_worker_heartbeat_timeout)
 
 
 def test_private_hooks_only_in_compat():

@@ -121,7 +121,10 @@ def _clean_env():
 
 def test_saved_model_cli_show(exported):
     path = exported[2]
-    proc = subprocess.run(["saved_model_cli", "show", "--dir", path, "--all"],
+    # The console script of this Python's TensorFlow (found whether or not its bin/ is on PATH).
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    proc = subprocess.run([cli if os.path.exists(cli) else "saved_model_cli", "show", "--dir",
+                           path, "--all"],
                           capture_output=True, text=True, timeout=300, env=_clean_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("serving_default", "translate_with_options", "translate_ids",

@@ -8,6 +8,10 @@ optimizer slots and training counters are not written.  The output directory is 
 directory that ``deep-nmt-translate``, ``deep-nmt-evaluate`` and ``deep-nmt-export`` accept: it
 gets ``config.yaml``, a copy of the vocabulary and one checkpoint ``ckpt-<step>`` (the newest
 averaged step) in the trainer's checkpoint layout.
+
+An ``--output`` that holds a run (a training run, an average of another run's checkpoints) is
+refused unless ``--overwrite`` is given (an earlier average of ``--model_dir`` is replaced); checkpoints of another model are refused, naming the first variable
+that differs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ define_flags([
     (flags.DEFINE_list, "checkpoints", [], "Explicit checkpoint prefixes (instead of "
                                            "--last)."),
     (flags.DEFINE_string, "output", None, "Output model directory."),
+    (flags.DEFINE_bool, "overwrite", False, "Replace the run in --output if it holds one (its "
+                                            "config, vocabulary and checkpoints)."),
 ])
 
 
@@ -39,7 +45,8 @@ def main(argv: Sequence[str]) -> None:
 
     try:
         path = average_checkpoints(FLAGS.model_dir, FLAGS.output, last=FLAGS.last,
-                                   checkpoints=FLAGS.checkpoints or None)
+                                   checkpoints=FLAGS.checkpoints or None,
+                                   overwrite=FLAGS.overwrite)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"average_checkpoints: error: {e}") from None
     print(path)

@@ -11,13 +11,16 @@ From explicit files::
     deep-nmt-build-vocab --input=train.src,train.tgt --output=vocab.txt --vocab_size=8000 \
         [--lowercase]
 
-The vocabulary file is always (re)written.  The reserved tokens <pad>, <s>, </s>, [UNK] take
-ids 0-3.
+The vocabulary file is (re)written, except the vocabulary of a run that exists (a
+``--model_dir`` holding a run, or an ``--output`` in a directory holding one): its checkpoints
+were trained with it, and a new vocabulary would silently turn their translations into garbage.
+``--overwrite`` allows it.  The reserved tokens <pad>, <s>, </s>, [UNK] take ids 0-3.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import List, Sequence
 
 from absl import app, flags, logging
@@ -39,10 +42,23 @@ define_flags([
     (flags.DEFINE_string, "output", None, "Vocabulary file to write (explicit mode)."),
     (flags.DEFINE_integer, "vocab_size", 8000, "Target vocabulary size (explicit mode)."),
     (flags.DEFINE_bool, "lowercase", False, "Lower-case text first (explicit mode)."),
+    (flags.DEFINE_bool, "overwrite", False, "Rewrite the vocabulary of an existing run."),
 ])
 
 
-def _from_config(config_path: str, overrides: Sequence[str], model_dir: str) -> List[str]:
+def _refuse_run_vocab(output: str, run_dirs, overwrite: bool) -> None:
+    """Refuses to rewrite an existing ``output`` that belongs to a run (one of ``run_dirs``)."""
+    from deep_nmt_tf.run_dir import RunDir
+
+    if overwrite or not os.path.exists(output):
+        return
+    for run_dir in run_dirs:
+        if run_dir is not None:
+            RunDir(run_dir).refuse_overwrite(f"a new vocabulary ({output})", "--overwrite")
+
+
+def _from_config(config_path: str, overrides: Sequence[str], model_dir: str,
+                 overwrite: bool = False) -> List[str]:
     from deep_nmt_tf.config import load_config
     from deep_nmt_tf.data import synthetic, text_io, vocab
     from deep_nmt_tf.run_dir import RunDir
@@ -50,6 +66,9 @@ def _from_config(config_path: str, overrides: Sequence[str], model_dir: str) -> 
     config = load_config(config_path, overrides)
     data = config.data
     run_dir = RunDir(model_dir) if model_dir else None
+    if data.vocab or run_dir is not None:  # Refused before any file is written.
+        output = data.vocab or run_dir.default_vocab_path
+        _refuse_run_vocab(output, [model_dir, os.path.dirname(output) or "."], overwrite)
     if data.corpus == "synthetic":
         if run_dir is None:
             raise app.UsageError("--model_dir is required when data.corpus is 'synthetic'")
@@ -68,9 +87,10 @@ def _from_config(config_path: str, overrides: Sequence[str], model_dir: str) -> 
 
 
 def _from_files(inputs: Sequence[str], output: str, vocab_size: int,
-                lowercase: bool) -> List[str]:
+                lowercase: bool, overwrite: bool = False) -> List[str]:
     from deep_nmt_tf.data import vocab
 
+    _refuse_run_vocab(output, [os.path.dirname(output) or "."], overwrite)
     return vocab.build_vocab(list(inputs), output, vocab_size, lowercase)
 
 
@@ -90,14 +110,16 @@ def main(argv: Sequence[str]) -> None:
                              "--output=FILE [--vocab_size=N] [--lowercase]")
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.run_dir import RunDirError
 
     try:
         if FLAGS.config:
-            _from_config(FLAGS.config, FLAGS.override, FLAGS.model_dir)
+            _from_config(FLAGS.config, FLAGS.override, FLAGS.model_dir, FLAGS.overwrite)
         else:
             inputs = [path for path in FLAGS.input.split(",") if path]
-            _from_files(inputs, FLAGS.output, FLAGS.vocab_size, FLAGS.lowercase)
-    except (ConfigError, DataError) as e:  # Expected user errors: message, no traceback.
+            _from_files(inputs, FLAGS.output, FLAGS.vocab_size, FLAGS.lowercase,
+                        FLAGS.overwrite)
+    except (ConfigError, DataError, RunDirError) as e:  # User errors: message, no traceback.
         raise SystemExit(f"build_vocab: error: {e}") from None
 
 

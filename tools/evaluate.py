@@ -29,18 +29,22 @@ Output: the scores with their sacreBLEU signatures, e.g.::
 
 ``tokenized BLEU`` is sacreBLEU with ``tokenize='intl'`` (see
 ``deep_nmt_tf.decoding.scoring``); ``--json=FILE`` also writes everything as JSON.
+
+Empty source, reference or hypothesis files are an error (there is nothing to score).
+``--output`` and ``--json`` are checked before any decoding, and ``--output`` receives the
+translations as they are produced.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, TextIO
 
 from absl import app, flags, logging
 
-from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, define_flags,
-                             enable_compilation_cache)
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
+                             define_flags, enable_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -58,10 +62,10 @@ define_flags([
     (flags.DEFINE_integer, "checkpoint_window", 0,
      "If > 0: score every checkpoint and report mean/std test BLEU over this many "
      "checkpoints around the best dev BLEU (Chen et al. 2018 use 21)."),
-    (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
+    (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size).", 1),
     (flags.DEFINE_float, "length_penalty", None, "Length penalty alpha (default "
-                                                 "decoding.length_penalty)."),
-    (flags.DEFINE_integer, "batch_size", None, "Sentences per batch."),
+                                                 "decoding.length_penalty).", 0.0),
+    (flags.DEFINE_integer, "batch_size", None, "Sentences per batch.", 1),
     (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE (repeatable)."),
     (flags.DEFINE_string, "tokenized_bleu_tokenize", "intl",
      "sacreBLEU tokeniser of the tokenized BLEU ('intl', '13a', 'none' ...)."),
@@ -74,9 +78,13 @@ define_flags([
 
 
 def _read(path: str) -> List[str]:
-    from deep_nmt_tf.data.text_io import read_lines
+    """The lines of a file to score or translate; an empty file is an error."""
+    from deep_nmt_tf.data.text_io import DataError, read_lines
 
-    return list(read_lines(path))
+    lines = list(read_lines(path))
+    if not lines:
+        raise DataError(f"{path} is empty: nothing to evaluate")
+    return lines
 
 
 def score_files(hypotheses_path: str, reference_path: str,
@@ -91,11 +99,18 @@ def score_files(hypotheses_path: str, reference_path: str,
 def evaluate_translator(translator, source_path: str, reference_path: str,
                         beam_size: Optional[int] = None, length_penalty: Optional[float] = None,
                         batch_size: Optional[int] = None,
-                        tokenized_bleu_tokenize: str = "intl") -> Dict[str, object]:
+                        tokenized_bleu_tokenize: str = "intl",
+                        output: Optional[TextIO] = None) -> Dict[str, object]:
     """Translates ``source_path`` and scores it against ``reference_path``.
+
+    Args:
+      output: a text file that receives the translations (one per line) as they are produced.
 
     Returns:
       :func:`deep_nmt_tf.decoding.scoring.corpus_scores` plus ``hypotheses`` (list of str).
+
+    Raises:
+      DataError: an empty or unreadable file; ValueError: different line counts.
     """
     from deep_nmt_tf.decoding.scoring import corpus_scores
 
@@ -103,9 +118,15 @@ def evaluate_translator(translator, source_path: str, reference_path: str,
     if len(sources) != len(references):
         raise ValueError(f"{source_path} has {len(sources)} lines but {reference_path} has "
                          f"{len(references)}")
-    results = translator.translate(sources, beam_size=beam_size,
-                                   length_penalty=length_penalty, batch_size=batch_size)
-    hypotheses = [hyps[0].text for hyps in results]
+    hypotheses: List[str] = []
+    for chunk in translator.translate_chunks(sources, beam_size=beam_size,
+                                             length_penalty=length_penalty,
+                                             batch_size=batch_size):
+        texts = [hyps[0].text for hyps in chunk]
+        hypotheses.extend(texts)
+        if output is not None:
+            output.writelines(text.replace("\n", " ") + "\n" for text in texts)
+            output.flush()
     scores = corpus_scores(hypotheses, references, tokenized_bleu_tokenize)
     scores["hypotheses"] = hypotheses
     return scores
@@ -164,6 +185,8 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.data.text_io import DataError
 
     try:
+        check_output_path("output", FLAGS.output)  # Before any decoding.
+        check_output_path("json", FLAGS.json)
         if FLAGS.hypotheses:
             result = score_files(FLAGS.hypotheses, FLAGS.reference,
                                  FLAGS.tokenized_bleu_tokenize)
@@ -220,11 +243,13 @@ def _evaluate_model() -> None:
         print(f"test tokenized BLEU = {result['test_tok_bleu_mean']:.2f} +- "
               f"{result['test_tok_bleu_std']:.2f}")
     else:
-        result = evaluate_translator(translator, source, reference, **kwargs)
-        hypotheses = result.pop("hypotheses")
         if FLAGS.output:
             with open(FLAGS.output, "w", encoding="utf-8", newline="\n") as f:
-                f.writelines(h.replace("\n", " ") + "\n" for h in hypotheses)
+                result = evaluate_translator(translator, source, reference, output=f,
+                                             **kwargs)
+        else:
+            result = evaluate_translator(translator, source, reference, **kwargs)
+        result.pop("hypotheses")
         result["checkpoint"] = translator.checkpoint_path
         print(f"checkpoint: {translator.checkpoint_path}")
         print(format_scores(result))

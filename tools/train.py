@@ -5,19 +5,30 @@ r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Trainer` an
         [--override=training.train_steps=3000 ...] [--strategy=mirrored] \
         [--checkpoint_data_iterator]
 
-Running the same command again continues from the latest checkpoint in ``--model_dir``
-(a killed run resumes exactly); raise ``training.train_steps`` to train further.  A model
-config that differs from ``MODEL_DIR/config.yaml`` is refused.
+Running the same command again continues from the newest checkpoint in ``--model_dir`` that
+can be read (a killed run resumes exactly; damaged or missing newer checkpoints are skipped with
+a WARNING and kept as ``*.unreadable``); raise ``training.train_steps`` to train further.  A
+model config or vocabulary that differs from the run directory's is refused.  If the run
+directory has checkpoint files but none can be read, training refuses to start unless
+``--start_over`` is given.
+
+SIGTERM (a scheduler's preemption) and Ctrl-C save a checkpoint at the current step and print
+the command that resumes; a second signal stops at once.
 
 Strategies: ``default`` (one device), ``mirrored`` (all local GPUs), ``multi_worker``
-(``TF_CONFIG``), ``tpu`` (``--tpu=NAME``).
+(``TF_CONFIG``; ``--worker_timeout``: seconds after which a silent worker counts as lost),
+``tpu`` (``--tpu=NAME``).
 
-Exit status: 0 on success, 2 for an invalid config, flag or data (the message names the file,
-line and key; no traceback).
+Exit status: 0 on success; 1 when training stopped on an error it names (non-finite updates,
+a lost worker); 2 for an invalid config, flag, data or run directory (the message names the
+file, line and key; no traceback); 128 + the signal's number (143 for SIGTERM, 130 for
+Ctrl-C) after an interruption that saved a checkpoint.
 """
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
 from typing import Sequence
 
@@ -40,6 +51,12 @@ define_flags([
      "Save the tf.data iterator (with its shuffle buffer) in every checkpoint, so that a "
      "resumed run need not re-read the consumed training batches (default strategy only)."),
     (flags.DEFINE_enum, "strategy", "default", _STRATEGIES, "tf.distribute strategy."),
+    (flags.DEFINE_float, "worker_timeout", 0.0,
+     "--strategy=multi_worker: seconds without a heartbeat after which a worker counts as lost "
+     "and the others stop with an error (0: TensorFlow's default, 10 s).", 0.0),
+    (flags.DEFINE_bool, "start_over", False,
+     "Train from step 0 although --model_dir has checkpoint files, none of which can be read "
+     "(they are kept, renamed *.unreadable). Refused when a checkpoint can be read."),
 ])
 
 
@@ -60,7 +77,7 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError("--config=FILE and --model_dir=DIR are required")
 
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
-    from deep_nmt_tf.run_dir import RunDir
+    from deep_nmt_tf.run_dir import RunDir, RunDirError
 
     # Every config problem is reported here, before TensorFlow starts or any file is written
     # (a model that differs from the one the run directory was trained with included).
@@ -68,22 +85,40 @@ def main(argv: Sequence[str]) -> None:
         config = load_config(FLAGS.config, FLAGS.override)
         require_training_data(config)
         RunDir(FLAGS.model_dir).check_config(config)
-    except ConfigError as e:
+    except (ConfigError, RunDirError) as e:
         _fail(str(e))
 
+    from deep_nmt_tf.checkpointing import CheckpointError
     from deep_nmt_tf.data.text_io import DataError
-    from deep_nmt_tf.training import Trainer, make_strategy
+    from deep_nmt_tf.training import (Trainer, TrainingDiverged, TrainingInterrupted,
+                                      WorkerLost, make_strategy)
 
     try:
-        strategy = make_strategy(FLAGS.strategy, tpu=FLAGS.tpu)
+        strategy = make_strategy(FLAGS.strategy, tpu=FLAGS.tpu,
+                                 worker_timeout=FLAGS.worker_timeout)
     except ValueError as e:
         _fail(f"--strategy={FLAGS.strategy}: {e}")
     try:
         trainer = Trainer(config, FLAGS.model_dir, strategy=strategy,
-                          checkpoint_iterator=FLAGS.checkpoint_data_iterator)
-    except (ConfigError, DataError) as e:  # E.g. a model_dir trained with another model.
+                          checkpoint_iterator=FLAGS.checkpoint_data_iterator,
+                          start_over=FLAGS.start_over)
+    except (ConfigError, DataError, CheckpointError) as e:  # E.g. another model's model_dir.
         _fail(str(e))
-    results = trainer.runner.run()
+    except KeyboardInterrupt:  # Before training: nothing new to save.
+        print("train: interrupted before training started", file=sys.stderr)
+        sys.exit(130)
+    try:
+        results = trainer.runner.run()
+    except TrainingInterrupted as e:
+        argv = [a for a in sys.argv if a != "--start_over"]
+        if argv[0].endswith(".py"):  # python -m deep_nmt_tf.tools.train, python tools/train.py
+            argv.insert(0, sys.executable)
+        command = " ".join(shlex.quote(a) for a in argv)
+        print(f"train: {e}\ntrain: resume with: {command}", file=sys.stderr)
+        sys.exit(128 + getattr(signal, e.signal_name, signal.SIGTERM))
+    except (TrainingDiverged, WorkerLost) as e:
+        print(f"train: error: {e}", file=sys.stderr)
+        sys.exit(1)
     if results:
         logging.info("Done: %s", ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
 

@@ -7,9 +7,14 @@ r"""Translates text files (or stdin) with a trained model.
     echo "Ta broku glimo vasu." | deep-nmt-translate --model_dir=runs/demo
 
 One output line per input line, in input order (batches are sorted by length internally).
-With ``--n_best`` > 1 (at most the beam size) the output uses the Moses n-best format, ``i ||| translation ||| score``
-(``i`` the 0-based line number, hypotheses best first).  A progress bar goes to stderr when
-reading a file.  Defaults of the search come from the model's ``config.yaml`` (``decoding``).
+With ``--n_best`` > 1 the output uses the Moses n-best format, ``i ||| translation ||| score``
+(``i`` the 0-based line number, hypotheses best first); an ``--n_best`` above the beam size is
+an error.  A progress bar goes to stderr when reading a file.  Defaults of the search come
+from the model's ``config.yaml`` (``decoding``).
+
+``--output`` is opened before the model is loaded (an impossible path fails at once), and the
+translations are written as they are produced, a chunk of ``16 * batch_size`` lines at a time,
+so an interrupted run keeps what it translated.
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from typing import Iterable, List, Optional, Sequence
 
 from absl import app, flags
 
-from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, define_flags,
-                             enable_compilation_cache)
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
+                             define_flags, enable_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -30,13 +35,13 @@ define_flags([
     (flags.DEFINE_string, "input", "-", "Source text file, one sentence per line "
                                         "('-': stdin)."),
     (flags.DEFINE_string, "output", "-", "Output file ('-': stdout)."),
-    (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size)."),
+    (flags.DEFINE_integer, "beam_size", None, "Beam size (default decoding.beam_size).", 1),
     (flags.DEFINE_float, "length_penalty", None,
-     "GNMT length penalty alpha (default decoding.length_penalty)."),
+     "GNMT length penalty alpha (default decoding.length_penalty).", 0.0),
     (flags.DEFINE_integer, "n_best", 1, "Hypotheses per sentence (> 1: Moses n-best "
-                                        "format)."),
+                                        "format; at most the beam size).", 1),
     (flags.DEFINE_integer, "batch_size", None, "Sentences per batch (default "
-                                               "decoding.batch_size)."),
+                                               "decoding.batch_size).", 1),
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
@@ -69,9 +74,10 @@ def read_lines(path: str) -> List[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def format_output(results, n_best: int) -> Iterable[str]:
-    """Output lines: the best translation per sentence, or Moses n-best lines."""
-    for i, hyps in enumerate(results):
+def format_output(results, n_best: int, offset: int = 0) -> Iterable[str]:
+    """Output lines: the best translation per sentence, or Moses n-best lines (numbered from
+    ``offset``)."""
+    for i, hyps in enumerate(results, start=offset):
         if n_best <= 1:
             yield _one_line(hyps[0].text)
         else:
@@ -83,32 +89,56 @@ def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
+def open_output(path: str):
+    """``path`` opened for writing (``-``: stdout), before any work.
+
+    Raises:
+      DataError: it cannot be written (missing directory, a directory, no permission).
+    """
+    from deep_nmt_tf.data.text_io import DataError
+
+    if path == "-":
+        return sys.stdout
+    try:
+        return open(path, "w", encoding="utf-8", newline="\n")
+    except OSError as e:
+        raise DataError(f"--output={path}: cannot write it: {e.strerror}") from None
+
+
 def translate_file(translator, input_path: str, output_path: str,
                    beam_size: Optional[int] = None, length_penalty: Optional[float] = None,
                    n_best: Optional[int] = None, batch_size: Optional[int] = None,
                    progress: Optional[bool] = None) -> int:
-    """Translates ``input_path`` into ``output_path`` (``-`` = stdin/stdout).
+    """Translates ``input_path`` into ``output_path`` (``-`` = stdin/stdout), writing each chunk
+    of translations as soon as it is decoded.
 
     Returns:
       The number of sentences translated.
+
+    Raises:
+      DataError: unreadable input or unwritable output (checked before decoding).
+      ValueError: invalid search options (checked before decoding).
     """
     from deep_nmt_tf.export.translator import ProgressBar
 
+    options = dict(beam_size=beam_size, length_penalty=length_penalty, n_best=n_best or 1,
+                   batch_size=batch_size)
+    translator.search_options(**options)
     lines = read_lines(input_path)
     if progress is None:
         progress = input_path != "-"
-    n_best = int(n_best or 1)
-    results = translator.translate(lines, beam_size=beam_size, length_penalty=length_penalty,
-                                   n_best=n_best, batch_size=batch_size,
-                                   progress=ProgressBar() if progress and lines else None)
-    out = list(format_output(results, n_best))
-    text = "".join(line + "\n" for line in out)
-    if output_path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        with open(output_path, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+    out = open_output(output_path)
+    try:
+        done = 0
+        for chunk in translator.translate_chunks(
+                lines, progress=ProgressBar() if progress and lines else None, **options):
+            out.writelines(line + "\n" for line in format_output(chunk, n_best or 1,
+                                                                  offset=done))
+            out.flush()
+            done += len(chunk)
+    finally:
+        if out is not sys.stdout:
+            out.close()
     return len(lines)
 
 
@@ -121,11 +151,10 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.export.translator import Translator
 
+    if FLAGS.beam_size is not None and FLAGS.n_best > FLAGS.beam_size:
+        raise app.UsageError(f"--n_best={FLAGS.n_best} exceeds --beam_size={FLAGS.beam_size}")
     try:
-        if FLAGS.beam_size is not None and FLAGS.beam_size < 1:
-            raise app.UsageError("--beam_size must be >= 1")
-        if FLAGS.n_best < 1:
-            raise app.UsageError("--n_best must be >= 1")
+        check_output_path("output", FLAGS.output)  # Before loading the model.
         if FLAGS.jit_compile:
             enable_compilation_cache(FLAGS.compilation_cache)
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
@@ -135,7 +164,7 @@ def main(argv: Sequence[str]) -> None:
         translate_file(translator, FLAGS.input, FLAGS.output, beam_size=FLAGS.beam_size,
                        length_penalty=FLAGS.length_penalty, n_best=FLAGS.n_best,
                        batch_size=FLAGS.batch_size, progress=FLAGS.progress)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"translate: error: {e}") from None
 
 

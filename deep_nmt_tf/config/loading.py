@@ -68,6 +68,11 @@ class Locator:
         self._where[key] = where
         self._level[key] = level
 
+    def note(self, key: str, where: str):
+        """Records where ``key`` comes from without giving it a precedence level (a section
+        that an override creates on the way to its key)."""
+        self._where.setdefault(key, where)
+
     def where(self, key: str, default: str) -> str:
         return self._where.get(key, default)
 
@@ -157,10 +162,11 @@ def _apply_override(data: Dict[str, Any], override: str, locator: Locator):
     except yaml.YAMLError:
         value = raw
     node = data
-    for p in parts[:-1]:
+    for depth, p in enumerate(parts[:-1]):
         child = node.get(p)
-        if child is None:
+        if child is None:  # A section the override creates: its keys are the override's.
             child = node[p] = {}
+            locator.note(".".join(parts[:depth + 1]), "--override")
         if not isinstance(child, dict):
             raise ConfigError(f"--override {key}: {p} is not a section")
         node = child

@@ -110,13 +110,13 @@ class _TransformerStackOptions:
                       "before each sub-layer, and a final LN).", choices=("pre", "post"))
     input_dropout: float = field(0.1, "Dropout on the stack's input (embeddings + positions; "
                                  "as a cascade stage, the previous stage's output).",
-                                 min=0.0, max=1.0)
+                                 min=0.0, max=1.0, max_exclusive=True)
     residual_dropout: float = field(0.1, "Dropout on each sub-layer output before the "
-                                    "residual.", min=0.0, max=1.0)
+                                    "residual.", min=0.0, max=1.0, max_exclusive=True)
     attention_dropout: float = field(0.0, "Dropout on attention probabilities.", min=0.0,
-                                     max=1.0)
+                                     max=1.0, max_exclusive=True)
     relu_dropout: float = field(0.0, "Dropout inside the feed-forward sub-layer.", min=0.0,
-                                max=1.0)
+                                max=1.0, max_exclusive=True)
     dlcl: DLCLOptions = field(DLCLOptions(), "DLCL (Wang et al. 2019).")
 
     def embedding_kind(self) -> str:
@@ -152,9 +152,9 @@ class _RNMTPlusStackOptions:
                        "wide); 0: model.d_model.", min=0)
     embedding_dropout: float = field(0.1, "Dropout on the embeddings (an encoder as a cascade "
                                      "stage: on the previous stage's output).", min=0.0,
-                                     max=1.0)
+                                     max=1.0, max_exclusive=True)
     dropout: float = field(0.1, "Dropout on each layer's output before it feeds the next "
-                           "layer.", min=0.0, max=1.0)
+                           "layer.", min=0.0, max=1.0, max_exclusive=True)
     residual_start: int = field(2, "First layer (0-based) with a residual connection (2: from "
                                 "the third layer on, as the paper).", min=1)
     cell_clip: float = field(10.0, "Clip the LSTM cell state to +-cell_clip (0: no clipping).",
@@ -183,7 +183,7 @@ class RNMTPlusDecoderOptions(_RNMTPlusStackOptions):
     attention_dim: int = field(0, "Additive-attention projection (= context) width (0: the "
                                "units); attention_heads must divide it.", min=0)
     attention_dropout: float = field(0.0, "Dropout on the attention probabilities.", min=0.0,
-                                     max=1.0)
+                                     max=1.0, max_exclusive=True)
 
 
 ENCODER_TYPES.register("transformer", TransformerEncoderOptions)
@@ -262,7 +262,7 @@ class TransparentAttentionConfig:
     layers (embeddings = layer 0)."""
     enabled: bool = field(False, "Attend a learned softmax mix of all encoder layer outputs.")
     weight_dropout: float = field(0.1, "Dropout on the (N+1)xM mix logits before the softmax.",
-                                  min=0.0, max=1.0)
+                                  min=0.0, max=1.0, max_exclusive=True)
     min_probability: float = field(0.0, "Optional floor p on each source's mix probability: "
                                    "s = p + (1 - (N+1) p) softmax(W); needs (N+1) p <= 1.",
                                    min=0.0, max=1.0)

@@ -3,7 +3,10 @@
 Single values (types, choices, ranges, finiteness) are checked where the keys are declared
 (:func:`deep_nmt_tf.config.fields.field`); what needs two or more keys is checked here, after
 the tree is built, with the error blamed on the file and line (or ``--override``) of the key
-that is named.  An options class from outside the package may add its own checks with a method
+that is named.  Keys that a run would silently ignore are errors when a config file or an
+override sets them (``data.train_source`` with ``data.corpus: synthetic``; ``training.
+eval_every`` without a dev set); a saved ``config.yaml``, read back without line information,
+is not held to these.  An options class from outside the package may add its own checks with a method
 ``validate(path, model, fail)`` (``path``: its dotted key; ``fail(key, message)`` raises).
 """
 
@@ -29,9 +32,13 @@ def validate(cfg: Config, locator, default_where: str) -> None:
     def fail(key: str, message: str):
         raise ConfigError(f"{locator.where(key, default_where)}: {key}: {message}")
 
+    def given(key: str) -> bool:  # Set in a file or an --override (not a saved config.yaml).
+        return locator.level(key) >= 0
+
     _model(cfg.model, fail)
-    _data(cfg.data, fail)
+    _data(cfg.data, fail, given)
     _training(cfg, fail)
+    _run_checks(cfg, fail, given)
     if cfg.decoding.n_best > cfg.decoding.beam_size:
         fail("decoding.n_best", f"{cfg.decoding.n_best} exceeds decoding.beam_size="
              f"{cfg.decoding.beam_size}")
@@ -122,7 +129,15 @@ def _dlcl(d: DLCLOptions, key: str, fail: Fail) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _data(d, fail: Fail) -> None:
+def _data(d, fail: Fail, given: Callable[[str], bool]) -> None:
+    if d.corpus == "synthetic":
+        for split in ("train", "dev", "test"):
+            for side in ("source", "target"):
+                key = f"data.{split}_{side}"
+                if getattr(d, f"{split}_{side}") and given(key):
+                    fail(key, "set, but data.corpus is 'synthetic' (the built-in corpus, "
+                         "written under MODEL_DIR/data, replaces it); remove it, or set "
+                         "data.corpus: files to train on your files")
     if bool(d.dev_source) != bool(d.dev_target):
         fail("data.dev_source", "dev_source and dev_target must be given together")
     if bool(d.test_source) != bool(d.test_target):
@@ -155,3 +170,16 @@ def _training(cfg: Config, fail: Fail) -> None:
     for i, path in enumerate(t.freeze):
         if not path.strip("/"):
             fail("training.freeze", f"entry {i} names no sub-module (e.g. encoder/stages/0)")
+    if 0.0 < t.loss_explosion_factor <= 1.0:
+        fail("training.loss_explosion_factor", f"{t.loss_explosion_factor} would warn about "
+             "every loss that does not fall; use a factor > 1 (10: an order of magnitude), or "
+             "0 to turn the warning off")
+
+
+def _run_checks(cfg: Config, fail: Fail, given: Callable[[str], bool]) -> None:
+    """Keys that would silently do nothing in a training run."""
+    d, t = cfg.data, cfg.training
+    if d.corpus == "files" and d.train_source and not d.dev_source and t.eval_every and \
+            given("training.eval_every"):
+        fail("training.eval_every", f"{t.eval_every}, but there is no dev set to evaluate on "
+             "(data.dev_source / data.dev_target): set them, or set training.eval_every: 0")

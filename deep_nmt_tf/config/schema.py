@@ -162,11 +162,12 @@ class TrainingConfig:
     gradient_accumulation_steps: int = field(1, "Micro-batches accumulated per update.", min=1)
     schedule: ScheduleConfig = field(ScheduleConfig(), "Learning-rate schedule: type and "
                                      "options.")
-    adam_beta1: float = field(0.9, "Adam beta1.", min=0.0, max=1.0)
-    adam_beta2: float = field(0.98, "Adam beta2.", min=0.0, max=1.0)
+    adam_beta1: float = field(0.9, "Adam beta1.", min=0.0, max=1.0, max_exclusive=True)
+    adam_beta2: float = field(0.98, "Adam beta2.", min=0.0, max=1.0, max_exclusive=True)
     adam_epsilon: float = field(1e-9, "Adam epsilon.", min=0.0, min_exclusive=True)
     weight_decay: float = field(0.0, "L2 weight decay added to the loss (0 = off).", min=0.0)
-    label_smoothing: float = field(0.1, "Label smoothing epsilon.", min=0.0, max=1.0)
+    label_smoothing: float = field(0.1, "Label smoothing epsilon.", min=0.0, max=1.0,
+                                   max_exclusive=True)
     loss_normalization: str = field("token", "Normalise the loss per target token or per "
                                     "sentence.", choices=("token", "sentence"))
     clip_norm: float = field(0.0, "Clip gradients to this global norm (0 = off).", min=0.0)
@@ -191,6 +192,13 @@ class TrainingConfig:
                            "statistics, mixing weights and the loss in float32; float16 adds "
                            "dynamic loss scaling, overflow steps skipped and counted).",
                            choices=("float32", "mixed_bfloat16", "mixed_float16"))
+    max_consecutive_skipped: int = field(100, "Stop with an error (naming the last good "
+                                         "checkpoint) after this many consecutive updates "
+                                         "skipped because the loss or gradient norm was not "
+                                         "finite (0: never).", min=0)
+    loss_explosion_factor: float = field(10.0, "Warn when a log window's mean loss exceeds "
+                                         "this many times the lowest one so far (0: never; "
+                                         "else > 1).", min=0.0)
     warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
     freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
                                     "e.g. [encoder/stages/0]) whose variables are not trained "

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import tensorflow as tf
 from absl import logging
@@ -36,9 +36,12 @@ from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data import synthetic
 from deep_nmt_tf.data.text_io import DataError, check_parallel, describe_stats
 from deep_nmt_tf.data.vocab import WHITESPACE_CHAR, Tokenizer, build_vocab, vocab_size
-from deep_nmt_tf.run_dir import VOCAB_FILENAME, RunDir
+from deep_nmt_tf.run_dir import VOCAB_FILENAME, RunDir, file_sha256
 
 __all__ = [
+    "LengthStats",
+    "length_stats",
+    "check_lengths",
     "bucket_upper_bounds",
     "bucket_batch_sizes",
     "make_train_dataset",
@@ -324,6 +327,99 @@ def make_dev_dataset(config, tokenizer: Tokenizer, batch_size: Optional[int] = N
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class LengthStats:
+    """What the training pipeline keeps of a corpus (:func:`length_stats`).
+
+    Attributes:
+      pairs: line pairs in the files.
+      empty: pairs with an empty (or whitespace-only) side, dropped.
+      too_long_source, too_long_target: non-empty pairs over ``data.max_source_length`` /
+        ``data.max_target_length`` tokens (EOS/BOS included), dropped (a pair over both counts
+        in both).
+      too_long: non-empty pairs over either limit.
+    """
+    pairs: int
+    empty: int
+    too_long_source: int
+    too_long_target: int
+    too_long: int
+
+    @property
+    def kept(self) -> int:
+        """Pairs the training pipeline uses."""
+        return self.pairs - self.empty - self.too_long
+
+    def describe(self, data) -> str:
+        """One line for the log, naming the limits."""
+        return (f"train: {self.pairs} pairs; {self.empty} empty and {self.too_long} over the "
+                f"length limits ({self.too_long_source} over data.max_source_length="
+                f"{data.max_source_length}, {self.too_long_target} over "
+                f"data.max_target_length={data.max_target_length} tokens) dropped; "
+                f"{self.kept} kept")
+
+
+def length_stats(config, tokenizer: Tokenizer) -> LengthStats:
+    """Counts the training pairs :func:`make_train_dataset` drops (empty, over the length
+    limits), tokenizing the corpus once with the same functions (parallel ``tf.data``)."""
+    data = config.data
+
+    @_graph_only
+    def count(source, target):
+        blank = tf.strings.regex_full_match(source, _BLANK_LINE) | \
+            tf.strings.regex_full_match(target, _BLANK_LINE)
+        encoded = _encode(tokenizer, source, target)
+        over_source = encoded["source_ids"].row_lengths() > data.max_source_length
+        over_target = encoded["target_input_ids"].row_lengths() > data.max_target_length
+        kept = ~blank
+        return tf.stack([tf.size(source, out_type=tf.int64)] + [
+            tf.reduce_sum(tf.cast(mask, tf.int64)) for mask in (
+                blank, kept & over_source, kept & over_target,
+                kept & (over_source | over_target))])
+
+    ds = _line_pairs(data.train_source, data.train_target).batch(_TOKENIZE_BATCH * 4)
+    ds = ds.map(count, num_parallel_calls=tf.data.AUTOTUNE)
+    totals = ds.reduce(tf.zeros([5], tf.int64), lambda total, c: total + c).numpy()
+    return LengthStats(*(int(v) for v in totals))
+
+
+def _file_key(path: str) -> Dict[str, Any]:
+    info = os.stat(path)
+    return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+
+
+def check_lengths(config, run_dir: RunDir) -> LengthStats:
+    """:func:`length_stats` of a prepared config (cached in ``MODEL_DIR/data_stats.json`` for
+    the same files, vocabulary and limits), logged; an error when no pair is kept.
+
+    Raises:
+      DataError: every pair is empty or over the limits (the pipeline would wait forever for
+        a batch); the message names the limits and the counts.
+    """
+    data = config.data
+    key = {"source": _file_key(data.train_source), "target": _file_key(data.train_target),
+           "vocab_sha256": file_sha256(data.vocab), "lowercase": data.lowercase,
+           "max_source_length": data.max_source_length,
+           "max_target_length": data.max_target_length}
+    cached = run_dir.cached_data_stats(key)
+    if cached is not None:
+        stats = LengthStats(**cached)
+    else:
+        stats = length_stats(config, Tokenizer.from_config(config))
+        run_dir.save_data_stats(key, dataclasses.asdict(stats))
+    if stats.kept == 0:
+        raise DataError(
+            f"no usable training pairs in {data.train_source} / {data.train_target}: "
+            f"{stats.describe(data)[len('train: '):]}. Raise data.max_source_length / "
+            "data.max_target_length (tokens, EOS/BOS included) or check the files")
+    if stats.too_long:
+        logging.warning("%s", stats.describe(data))
+    else:
+        logging.info("%s", stats.describe(data))
+    return stats
+
+
+
 def _check_corpora(data) -> None:
     """check_parallel on every configured split; logs the counts of dropped empty pairs."""
     for split in ("train", "dev", "test"):
@@ -368,6 +464,8 @@ def prepare_data(config, run_dir: Union[str, RunDir]):
     3. Vocabulary: ``data.vocab`` if set (it must exist), else ``MODEL_DIR/vocab.txt``, learned
        from the training source and target if missing.
     4. Sets ``model.vocab_size`` from the vocabulary when it is 0.
+    5. Counts the training pairs the pipeline drops (empty, over ``data.max_source_length`` /
+       ``data.max_target_length``) and logs them (:func:`check_lengths`).
 
     Args:
       config: a :class:`deep_nmt_tf.config.Config`.
@@ -378,7 +476,8 @@ def prepare_data(config, run_dir: Union[str, RunDir]):
       ``model.vocab_size`` filled in.
 
     Raises:
-      DataError: misaligned files, invalid UTF-8, no usable training pairs, a missing
+      DataError: misaligned files, invalid UTF-8, no usable training pairs (all empty, or all
+        over the length limits: the message names the limits and counts), a missing
         ``data.vocab`` file, or ``model.vocab_size`` smaller than the vocabulary.
     """
     run_dir = RunDir(run_dir)
@@ -398,4 +497,6 @@ def prepare_data(config, run_dir: Union[str, RunDir]):
     elif model.vocab_size < size:
         raise DataError(f"model.vocab_size: {model.vocab_size} is smaller than the vocabulary "
                         f"{data.vocab} ({size} tokens); set it to 0 to use the file's size")
-    return dataclasses.replace(config, data=data, model=model)
+    config = dataclasses.replace(config, data=data, model=model)
+    check_lengths(config, run_dir)
+    return config

@@ -3,9 +3,12 @@
 Text goes through three steps, all TensorFlow ops, so they run in ``tf.data`` pipelines and in
 ``tf.function`` s exported to a SavedModel (load it with ``import tensorflow_text`` first):
 
-1. **Pre-tokenisation** (:func:`pretokenize`): Unicode NFC normalisation, optional lower-casing,
-   then every punctuation or symbol character becomes a word of its own, except when it sits
-   between two letters/digits (``don't``, ``well-known``, ``3.5`` and ``U.S`` stay single words);
+1. **Pre-tokenisation** (:func:`pretokenize`): Unicode NFC normalisation, removal of invisible
+   characters (byte-order marks, zero-width spaces and joiners, soft hyphens, direction marks,
+   variation selectors and the other default-ignorable code points, control characters that
+   are not whitespace: :data:`INVISIBLE_CHAR`), optional lower-casing, then every punctuation
+   or symbol character becomes a word of its own, except when it sits between two
+   letters/digits (``don't``, ``well-known``, ``3.5`` and ``U.S`` stay single words);
    finally the text is split on whitespace (as Python's ``str.isspace`` defines it).
 2. **WordPiece** (``tensorflow_text.FastWordpieceTokenizer``) splits each word into pieces;
    continuation pieces carry the ``##`` prefix.
@@ -42,6 +45,7 @@ from deep_nmt_tf.data.text_io import DataError, count_lines, is_blank, read_line
 __all__ = [
     "SUFFIX_INDICATOR",
     "WHITESPACE_CHAR",
+    "INVISIBLE_CHAR",
     "pretokenize",
     "reattach_punctuation",
     "count_words",
@@ -60,6 +64,15 @@ SUFFIX_INDICATOR = "##"
 _MARK = "\ue000"
 # RE2 class of the characters for which Python's str.isspace() is true.
 WHITESPACE_CHAR = r"[\s\v\x{1c}-\x{1f}\x{85}\p{Z}]"
+# RE2 class of the characters removed before tokenisation (so they never reach the vocabulary):
+# Unicode's Default_Ignorable_Code_Point (BOM U+FEFF, zero-width space/joiners U+200B-U+200D,
+# direction marks and embeddings, soft hyphen, variation selectors, Hangul fillers, tags ...)
+# and the C0/C1 control characters that are not whitespace.
+INVISIBLE_CHAR = (r"[\x{0}-\x{8}\x{e}-\x{1b}\x{7f}-\x{84}\x{86}-\x{9f}\x{ad}\x{34f}\x{61c}"
+                  r"\x{115f}\x{1160}\x{17b4}\x{17b5}\x{180b}-\x{180f}\x{200b}-\x{200f}"
+                  r"\x{202a}-\x{202e}\x{2060}-\x{206f}\x{3164}\x{fe00}-\x{fe0f}\x{feff}"
+                  r"\x{ffa0}\x{fff0}-\x{fff8}\x{1bca0}-\x{1bca3}\x{1d173}-\x{1d17a}"
+                  r"\x{e0000}-\x{e0fff}]")
 _WORD_CHAR = r"[\pL\pN\pM]"
 _PUNCT_CHAR = r"[\pP\pS]"
 _CLOSERS = r"[.,!?;:%)\]}…”’]"
@@ -83,6 +96,7 @@ def pretokenize(text, lowercase: bool = False):
       String ``RaggedTensor`` ``[..., (words)]`` (a dense 1-D ``Tensor`` for a scalar input).
     """
     text = tf_text.normalize_utf8(tf.convert_to_tensor(text, tf.string), "NFC")
+    text = tf.strings.regex_replace(text, INVISIBLE_CHAR, "")
     if lowercase:
         text = tf.strings.lower(text, encoding="utf-8")
     # Every whitespace character (as Python's str.isspace() defines it) and the mark become an
@@ -266,8 +280,10 @@ def load_vocab(path: str) -> List[str]:
     for i, expected in enumerate(RESERVED_TOKENS):
         found = tokens[i] if i < len(tokens) else "<end of file>"
         if found != expected:
+            bom = (" (the file starts with a byte-order mark: save it as UTF-8 without one)"
+                   if i == 0 and found.startswith("\ufeff") else "")
             raise DataError(f"{path}:{i + 1}: expected reserved token {expected!r} (id {i}), "
-                            f"found {found!r}; a vocabulary must start with "
+                            f"found {found!r}{bom}; a vocabulary must start with "
                             f"{', '.join(RESERVED_TOKENS)} on lines 1-4")
     first_line = {}
     for line_number, token in enumerate(tokens, start=1):

@@ -7,6 +7,13 @@ vocabulary), ``run.json``, ``vocab.txt``, ``averaged_checkpoints.txt`` and one m
 checkpoint in the trainer's layout (:func:`deep_nmt_tf.checkpointing.model_checkpoint`)
 numbered with the newest averaged step, managed by ``tf.train.CheckpointManager`` (so
 ``tf.train.latest_checkpoint`` finds it).  Optimizer slots and training counters are left out.
+
+An output directory that holds a run (its ``config.yaml``, checkpoints ...) is refused unless
+``overwrite`` (its earlier checkpoints are then removed), or unless it holds an earlier average
+of the same ``model_dir``'s checkpoints, which a new average replaces; a checkpoint of another model is
+refused naming the first variable that differs (before anything is written); checkpoints from
+several run directories are averaged with a WARNING (unrelated runs of one architecture average
+to garbage unless one was warm-started from the other).
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import checkpoint_step, model_checkpoint, restore_model_weights
+from deep_nmt_tf.checkpointing import (checkpoint_files, checkpoint_step, find_checkpoints,
+                                       model_checkpoint, restore_model_weights)
 from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["average_checkpoints", "average_model_variables"]
@@ -50,8 +58,22 @@ def average_model_variables(model, checkpoints: Sequence[str]) -> None:
             v.assign((total / len(checkpoints)).astype(tf.as_dtype(v.dtype).as_numpy_dtype))
 
 
+def _is_average_of(target: RunDir, model_dir: str) -> bool:
+    """Whether ``target`` holds an earlier average of checkpoints of ``model_dir`` (replacing it
+    with a newer average loses nothing)."""
+    try:
+        with open(target.averaged_list_path, encoding="utf-8") as f:
+            averaged = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return False
+    source = os.path.abspath(model_dir)
+    return bool(averaged) and all(os.path.abspath(os.path.dirname(p)) == source
+                                  for p in averaged)
+
+
 def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
-                        checkpoints: Optional[Sequence[str]] = None) -> str:
+                        checkpoints: Optional[Sequence[str]] = None,
+                        overwrite: bool = False) -> str:
     """Averages the ``last`` newest checkpoints of ``model_dir`` into ``output_dir``.
 
     Args:
@@ -59,15 +81,24 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
       output_dir: new model directory (created; must not be ``model_dir``).
       last: number of newest checkpoints to average.
       checkpoints: explicit checkpoint prefixes instead of ``last``.
+      overwrite: replace the run in ``output_dir`` if there is one (without it, only an
+        earlier average of ``model_dir`` is replaced; module docstring).
 
     Returns:
       The path of the written checkpoint.
+
+    Raises:
+      RunDirError: ``output_dir`` holds another run and not ``overwrite``.
+      CheckpointError: a checkpoint is damaged or of another model.
+      FileNotFoundError: no (such) checkpoint.
     """
     from deep_nmt_tf.models import build_model
 
     if os.path.abspath(output_dir) == os.path.abspath(model_dir):
         raise ValueError("--output must differ from --model_dir")
     source, target = RunDir(model_dir), RunDir(output_dir)
+    if not overwrite and not _is_average_of(target, model_dir):
+        target.refuse_overwrite("the averaged model", "--overwrite")
     config = source.load_config()
     if checkpoints is None:
         available = source.list_checkpoints()
@@ -83,11 +114,22 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     for path in checkpoints:
         if not tf.io.gfile.exists(path + ".index"):
             raise FileNotFoundError(f"{path}: no such checkpoint")
+    runs = sorted({os.path.abspath(os.path.dirname(p)) for p in checkpoints})
+    if len(runs) > 1:
+        logging.warning("Averaging checkpoints of %d run directories (%s): unless one run was "
+                        "warm-started from the other, their weights are unrelated and their "
+                        "average is garbage", len(runs), ", ".join(runs))
     logging.info("Averaging %d checkpoints: %s", len(checkpoints), ", ".join(checkpoints))
     model = build_model(config)
     average_model_variables(model, checkpoints)
 
     tf.io.gfile.makedirs(output_dir)
+    for old in find_checkpoints(output_dir):  # (only with overwrite: refused above otherwise)
+        for name in checkpoint_files(old):
+            os.remove(name)
+    state = os.path.join(output_dir, "checkpoint")
+    if os.path.exists(state):
+        os.remove(state)
     vocab_src = source.vocab_path(config)
     vocab_dst = target.default_vocab_path
     if os.path.abspath(vocab_src) != os.path.abspath(vocab_dst):

@@ -10,8 +10,10 @@ directory of integer versions, the highest one served) with three signatures:
     float32 (``N = decoding.n_best``).  Beam size, length penalty and length limits are the
     config's ``decoding`` section at export time.
 ``translate_with_options``
-    inputs ``text`` ``[B]`` string, ``beam_size`` int32 scalar (clipped to ``[1, 64]``),
-    ``length_penalty`` float32 scalar; outputs ``translations`` ``[B]``, ``scores`` ``[B]``.
+    inputs ``text`` ``[B]`` string, ``beam_size`` int32 scalar (1 to 64), ``length_penalty``
+    float32 scalar (finite, >= 0); outputs ``translations`` ``[B]``, ``scores`` ``[B]``.  An
+    option out of range (a NaN or infinite length penalty included) fails the request with
+    ``InvalidArgumentError`` naming it; nothing is clamped.
 ``translate_ids``
     input ``source_ids`` ``[B, S]`` int32 (WordPiece ids, right-padded with 0; ``<s>``/``</s>``
     are ignored, ids outside the vocabulary read as ``[UNK]``); outputs ``ids`` ``[B, N, L]``

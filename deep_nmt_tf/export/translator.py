@@ -24,8 +24,13 @@ per-op overhead (3-4x faster on CPU than the plain graph; ``docs/SERVING.md``, B
 Each new input shape (batch size, padded width) is compiled once.
 
 :class:`Translator` adds what a command-line tool needs on top: loading a run directory
-(config, vocabulary and latest or given checkpoint, through :class:`deep_nmt_tf.run_dir.RunDir`),
-batching by length and restoring the input order, n-best lists and progress.
+(config, vocabulary and latest or given checkpoint, through :class:`deep_nmt_tf.run_dir.RunDir`;
+a vocabulary other than the one the run was trained with is refused, naming both files),
+batching by length and restoring the input order, n-best lists, results in chunks as they are
+produced (:meth:`Translator.translate_chunks`) and progress.  Invalid search options (a beam
+below 1, an ``n_best`` above the beam, a length penalty that is negative, NaN or infinite) are a
+``ValueError``, never clamped; the ``translate_with_options`` signature fails the same way
+(``InvalidArgumentError`` naming the input).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+import math
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -199,9 +205,18 @@ class TranslationModule(tf.Module):
                 "nbest_translations": nbest, "nbest_scores": out["scores"]}
 
     def _translate_text_with_options(self, text, beam_size, length_penalty):
-        source_ids = self.prepare_source(self.tokenizer.tokenize(text))
-        beam_size = tf.clip_by_value(tf.cast(beam_size, tf.int32), 1, MAX_BEAM_SIZE)
-        length_penalty = tf.maximum(tf.cast(length_penalty, tf.float32), 0.0)
+        beam_size = tf.cast(beam_size, tf.int32)
+        length_penalty = tf.cast(length_penalty, tf.float32)
+        checks = [
+            tf.debugging.assert_greater_equal(beam_size, 1, message="beam_size must be >= 1"),
+            tf.debugging.assert_less_equal(beam_size, MAX_BEAM_SIZE,
+                                           message=f"beam_size must be <= {MAX_BEAM_SIZE}"),
+            tf.debugging.assert_all_finite(length_penalty,
+                                           "length_penalty must be a finite number"),
+            tf.debugging.assert_greater_equal(length_penalty, 0.0,
+                                              message="length_penalty must be >= 0")]
+        with tf.control_dependencies(checks):
+            source_ids = self.prepare_source(self.tokenizer.tokenize(text))
         out = self._search_dynamic_beam_fn(source_ids, beam_size, length_penalty)
         text_out = self._detokenize_nbest(out["ids"])
         return {"translations": text_out[:, 0], "scores": out["scores"][:, 0]}
@@ -256,13 +271,19 @@ class Translator:
 
         Args:
           model_dir: a model directory (trainer output or average_checkpoints output).
-          checkpoint: a checkpoint prefix (``MODEL_DIR/ckpt-1000``); default the latest.
+          checkpoint: a checkpoint prefix (``MODEL_DIR/ckpt-1000``); default the newest one
+            that can be read (newer damaged ones are skipped with a WARNING).
           overrides: config overrides (``decoding.beam_size=8`` ...).
           jit_compile, pad_to_multiple: see :class:`TranslationModule`.
           precision: ``float32``, ``bfloat16`` or ``float16``: the dtype of the weights and
             the activations (:data:`~deep_nmt_tf.models.seq2seq.INFERENCE_POLICIES`; the
             float32 checkpoint is rounded when it is loaded; softmax, LayerNorm statistics and
             the scores stay float32).
+
+        Raises:
+          ConfigError: the vocabulary is not the one the run was trained with (naming both).
+          FileNotFoundError: no ``config.yaml``, no (such) checkpoint.
+          CheckpointError: the checkpoint is damaged or of another model.
         """
         from deep_nmt_tf.models import build_model
         from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
@@ -272,7 +293,9 @@ class Translator:
                              f"{precision!r}")
         run_dir = RunDir(model_dir)
         config = run_dir.load_config(overrides)
-        tokenizer = build_tokenizer(config, run_dir.vocab_path(config))
+        vocab = run_dir.vocab_path(config)
+        run_dir.check_vocab(vocab, run_dir.config_path)
+        tokenizer = build_tokenizer(config, vocab)
         model = build_model(config, dtype=INFERENCE_POLICIES[precision])
         translator = cls(model, tokenizer, config, jit_compile=jit_compile,
                          pad_to_multiple=pad_to_multiple)
@@ -292,7 +315,7 @@ class Translator:
     def module_for(self, beam_size: int, n_best: int) -> TranslationModule:
         """The (cached) module for a beam size and n-best (other parameters from the config)."""
         beam_size = int(beam_size)
-        n_best = max(1, min(int(n_best), beam_size))
+        n_best = max(1, min(int(n_best), beam_size))  # (checked by search_options)
         # A module returning more hypotheses serves too (the caller keeps the first n_best).
         for (k, n), module in self._modules.items():
             if k == beam_size and n >= n_best:
@@ -323,6 +346,33 @@ class Translator:
             out.extend(row.tolist() for row in ragged.numpy())
         return out
 
+    def search_options(self, beam_size: Optional[int] = None,
+                       length_penalty: Optional[float] = None, n_best: Optional[int] = None,
+                       batch_size: Optional[int] = None) -> Tuple[int, float, int, int]:
+        """The search options, defaults from ``config.decoding``, checked.
+
+        An ``n_best`` given explicitly must not exceed the beam; the config's ``n_best`` is
+        capped at a smaller beam given here.
+
+        Raises:
+          ValueError: a beam or batch size below 1, an ``n_best`` below 1 or above the beam, a
+            length penalty that is negative or not finite.
+        """
+        d = self.config.decoding
+        beam = d.beam_size if beam_size is None else int(beam_size)
+        batch = d.batch_size if batch_size is None else int(batch_size)
+        alpha = d.length_penalty if length_penalty is None else float(length_penalty)
+        best = min(d.n_best, beam) if n_best is None else int(n_best)
+        for name, value in (("beam_size", beam), ("batch_size", batch), ("n_best", best)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if best > beam:
+            raise ValueError(f"n_best={best} exceeds the beam size {beam}: a beam search "
+                             "keeps at most beam_size hypotheses (raise the beam size)")
+        if not math.isfinite(alpha) or alpha < 0:
+            raise ValueError(f"length_penalty must be a finite number >= 0, got {alpha}")
+        return beam, alpha, best, batch
+
     def translate(self, sentences: Sequence[str], beam_size: Optional[int] = None,
                   length_penalty: Optional[float] = None, n_best: Optional[int] = None,
                   batch_size: Optional[int] = None,
@@ -335,14 +385,15 @@ class Translator:
 
         Args:
           sentences: source sentences (str).
-          beam_size, length_penalty, n_best, batch_size: default ``config.decoding``.
+          beam_size, length_penalty, n_best, batch_size: default ``config.decoding``
+            (:meth:`search_options`).
           progress: called as ``progress(done, total)`` after each batch.
+
+        Raises:
+          ValueError: invalid search options (:meth:`search_options`).
         """
-        d = self.config.decoding
-        beam_size = int(beam_size or d.beam_size)
-        n_best = max(1, min(int(n_best or d.n_best), beam_size))
-        batch_size = int(batch_size or d.batch_size)
-        alpha = d.length_penalty if length_penalty is None else float(length_penalty)
+        beam_size, alpha, n_best, batch_size = self.search_options(
+            beam_size, length_penalty, n_best, batch_size)
         module = self.module_for(beam_size, n_best)
         sentences = list(sentences)
         tokens = self.tokenize(sentences)
@@ -371,6 +422,30 @@ class Translator:
             if progress is not None:
                 progress(done, len(tokens))
         return results  # type: ignore[return-value]
+
+    def translate_chunks(self, sentences: Sequence[str], chunk_size: Optional[int] = None,
+                         progress: Optional[Callable[[int, int], None]] = None,
+                         **options) -> Iterator[List[List[Hypothesis]]]:
+        """:meth:`translate` in consecutive chunks of the input, each yielded (in input order)
+        as soon as it is decoded, so a caller can write results as they are produced.
+
+        Args:
+          sentences: source sentences.
+          chunk_size: sentences per chunk (default 16 batches; sorting by length happens
+            within a chunk).
+          progress: ``progress(done, total)`` over all the sentences.
+          options: ``beam_size``, ``length_penalty``, ``n_best``, ``batch_size``.
+        """
+        sentences = list(sentences)
+        batch = self.search_options(**options)[3]
+        chunk_size = chunk_size or 16 * batch
+        for start in range(0, len(sentences), chunk_size):
+            def chunk_progress(done, total, start=start):
+                if progress is not None:
+                    progress(start + done, len(sentences))
+
+            yield self.translate(sentences[start:start + chunk_size], progress=chunk_progress,
+                                 **options)
 
 
 class ProgressBar:

@@ -2,7 +2,8 @@
 
 TensorFlow backend only (``tf.distribute``, ``tf.data``, ``tf.train.Checkpoint``).
 :class:`Trainer` (``trainer.py``) is one update; :class:`Runner` (``runner.py``) is the run
-around it (data, warm start, restore, checkpoints, evaluation, logs, the loop's schedule).
+around it (data, warm start, restore, checkpoints, evaluation, logs, the loop's schedule);
+``health.py`` is what stops a run cleanly (signals, non-finite streaks, lost workers).
 
 Example:
     >>> from deep_nmt_tf.config import load_config
@@ -12,6 +13,7 @@ Example:
 """
 
 from deep_nmt_tf.checkpointing import model_checkpoint, restore_model_weights
+from deep_nmt_tf.training.health import TrainingDiverged, TrainingInterrupted, WorkerLost
 from deep_nmt_tf.training.losses import LossSums, cross_entropy_sums, loss_denominator
 from deep_nmt_tf.training.metrics import corpus_bleu
 from deep_nmt_tf.training.optimizers import (ClipByGlobalNorm, GradientTransform,
@@ -47,4 +49,7 @@ __all__ = [
     "Runner",
     "TrainHook",
     "Trainer",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+    "WorkerLost",
 ]

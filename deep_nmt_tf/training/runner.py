@@ -7,8 +7,10 @@ runner owns everything around it, in this order:
    (:class:`~deep_nmt_tf.run_dir.RunDir`; a changed model is refused before any work),
    prepares the data and the vocabulary (the trainer's ``prepare`` hook, by default
    :func:`deep_nmt_tf.data.prepare_data`) and saves ``config.yaml`` and ``run.json``;
-2. :class:`Runner` (built once the trainer has its model and optimizer): warm start
-   (``training.warm_start``, fresh runs only), or restore of the latest checkpoint;
+2. :class:`Runner` (built once the trainer has its model and optimizer): restore of the newest
+   checkpoint that can be read (damaged or missing newer ones are skipped with a WARNING and
+   kept; none readable is an error unless ``start_over``: :class:`~deep_nmt_tf.checkpointing.
+   CheckpointSaver`), or else warm start (``training.warm_start``);
 3. :meth:`Runner.run`: the loop, and after every step the periodic actions of
    :meth:`Runner.actions`, a declared list of :class:`PeriodicAction` run in this order:
 
@@ -23,6 +25,13 @@ runner owns everything around it, in this order:
 
    The first four also run after the last step.  Time spent in diagnostics, checkpoints and
    evaluation is left out of ``tokens_per_second``.
+
+   Around every step, :mod:`~deep_nmt_tf.training.health`: SIGTERM and Ctrl-C save a
+   checkpoint at the current step and raise :class:`~deep_nmt_tf.training.health.
+   TrainingInterrupted`; ``training.max_consecutive_skipped`` non-finite updates in a row raise
+   :class:`~deep_nmt_tf.training.health.TrainingDiverged` (a due checkpoint waits for the next
+   applied update); an exploding loss is warned about; a lost worker of a multi-worker run
+   raises :class:`~deep_nmt_tf.training.health.WorkerLost`.
 
 Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the model
 (with the dropout ``SeedGenerator`` states, so dropout masks continue exactly), the optimizer,
@@ -65,7 +74,7 @@ from deep_nmt_tf.checkpointing import CheckpointSaver, has_object
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
-from deep_nmt_tf.training import evaluation, metrics
+from deep_nmt_tf.training import evaluation, health, metrics
 from deep_nmt_tf.training import warm_start as warm_start_lib
 
 __all__ = ["prepare_run", "PeriodicAction", "Runner", "TrainHook"]
@@ -195,27 +204,39 @@ class Runner:
       trainer: a trainer whose model, optimizer and counters exist (module docstring).
       checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
         (see :meth:`make_train_iterator`).
+      start_over: train from step 0 when the run directory has checkpoint files of which none
+        can be read (they are kept, renamed ``*.unreadable``); without it that is an error.
+
+    Raises:
+      CheckpointError: checkpoint files, none readable (and not ``start_over``), or
+        ``start_over`` with a readable checkpoint.
     """
 
-    def __init__(self, trainer, checkpoint_iterator: bool = False):
+    def __init__(self, trainer, checkpoint_iterator: bool = False, start_over: bool = False):
         self.trainer = trainer
         self.run_dir: RunDir = trainer.run_dir
         self.checkpoint_iterator = checkpoint_iterator
         config = trainer.config
-        if config.training.warm_start.checkpoint and not self.run_dir.latest_checkpoint():
-            with trainer.strategy.scope():
-                warm_start_lib.warm_start(trainer.model, config)
         self._checkpoint_items = trainer.checkpoint_items()
         self.checkpoint = tf.train.Checkpoint(**self._checkpoint_items)
         self.saver = CheckpointSaver(self.checkpoint, self.run_dir.path,
                                      max_to_keep=config.training.keep_checkpoints,
                                      step_counter=trainer.step, chief=trainer.is_chief)
-        restored = self.saver.restore_latest()
+        restored = self.saver.restore_latest(start_over, getattr(trainer, "resume", None))
         if restored:
             logging.info("Restored %s (step %d, %d updates applied, %d micro-batches consumed)",
                          restored, int(trainer.step.numpy()),
                          int(trainer.optimizer.iterations.numpy()),
                          int(trainer.data_position.numpy()))
+        elif config.training.warm_start.checkpoint:
+            with trainer.strategy.scope():
+                warm_start_lib.warm_start(trainer.model, config)
+        t = config.training
+        self.health = health.HealthMonitor(t.max_consecutive_skipped, t.loss_explosion_factor)
+        self.health.checkpoint_saved(int(trainer.step.numpy()), restored)
+        self._multi_worker = isinstance(trainer.strategy,
+                                        tf.distribute.MultiWorkerMirroredStrategy)
+        self._checkpoint_pending = False
         self.evaluator = evaluation.Evaluator(trainer)
         self.write_diagnostics = evaluation.DiagnosticsWriter(trainer)
         self._writers: Dict[str, tf.summary.SummaryWriter] = {}
@@ -246,6 +267,9 @@ class Runner:
             path = self.saver.save()
         if path:
             logging.info("Saved checkpoint %s", path)
+        step = int(self.trainer.step.numpy())
+        self.health.checkpoint_saved(step, path or self.saver.chief_path(step))
+        self._checkpoint_pending = False
         return path
 
     def evaluate(self, write_summaries: bool = True) -> Dict[str, float]:
@@ -287,7 +311,7 @@ class Runner:
 
     def _restored_iterator(self):
         """The data iterator restored from the latest checkpoint, or None if it has none."""
-        latest = self.saver.latest_checkpoint
+        latest = self.saver.restored
         if not latest or not has_object(latest, "data_iterator"):
             return None
         iterator = self.trainer.distributed_iterator()
@@ -313,7 +337,14 @@ class Runner:
             self.write_diagnostics(writer, step)
 
         def checkpoint(step, logs):
-            self.save_checkpoint()
+            if self.health.last_checkpoint[0] == step:
+                return  # Written already (a checkpoint that was put off).
+            if self.health.in_streak:  # Put off until an update is applied again.
+                logging.info("Step %d: checkpoint put off (the update was skipped as "
+                             "non-finite)", step)
+                self._checkpoint_pending = True
+            else:
+                self.save_checkpoint()
 
         def evaluate(step, logs):
             return {f"eval_{k}": v for k, v in self.evaluate().items()}
@@ -338,6 +369,7 @@ class Runner:
                      f", {window.skipped} skipped" if window.skipped else "")
         self._summary = summary
         self._window = _LogWindow(self.trainer.SUM_KEYS)
+        self.health.after_log(step, summary["loss"])
 
     def _step_logs(self, out: Dict[str, tf.Tensor], step: int) -> Dict[str, float]:
         logs = {k: float(v.numpy()) for k, v in out.items()}
@@ -370,16 +402,38 @@ class Runner:
         if step >= last:
             logging.info("Nothing to do: step %d >= %d", step, last)
             return {}
+        if t.eval_every and trainer.build_eval_dataset() is None:
+            logging.warning("training.eval_every=%d, but there is no dev set (data.dev_source / "
+                            "data.dev_target): no dev evaluation will run", t.eval_every)
         iterator = self.make_train_iterator()
-        writer = self.writer(TRAIN_LOGS)
         actions = self.actions(last) + [
             h if isinstance(h, PeriodicAction) else _hook_action(trainer, h) for h in hooks]
         self._window, self._summary = _LogWindow(trainer.SUM_KEYS), {}
         logging.info("Training from step %d to %d (%d replica(s), %d micro-batch(es) per update)",
                      step, last, trainer.strategy.num_replicas_in_sync,
                      trainer.accumulation_steps)
-        ratio_every = t.grad_norm_ratio_every
+        try:
+            with health.StopSignals() as signals:
+                self._loop(iterator, step, last, actions, signals)
+        except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError) as e:
+            if not self._multi_worker:
+                raise
+            raise health.worker_lost(e, self.saver.latest_checkpoint) from None
+        return self._summary
+
+    def _loop(self, iterator, step: int, last: int, actions: List[PeriodicAction],
+              signals: "health.StopSignals") -> None:
+        trainer = self.trainer
+        writer = self.writer(TRAIN_LOGS)
+        ratio_every = trainer.config.training.grad_norm_ratio_every
+        stop_variable = getattr(trainer, "stop_requested", None)
         while step < last:
+            if signals.requested:
+                if not self._multi_worker:
+                    self._interrupt(step, signals.received)
+                if stop_variable is not None and not stop_variable.numpy():
+                    stop_variable.assign(1.0)  # Told to every worker by the next update.
             diagnostics = bool(ratio_every) and (step + 1) % ratio_every == 0
             try:
                 out = trainer.train_step(iterator, diagnostics=diagnostics)
@@ -387,6 +441,12 @@ class Runner:
                 raise RuntimeError("the training dataset ended; it must repeat forever") from None
             step += 1
             logs = self._step_logs(out, step)
+            if logs.pop("stop_requested", 0.0) > 0 or (signals.requested and
+                                                        not self._multi_worker):
+                self._interrupt(step, signals.received or "a signal to another worker")
+            self.health.after_step(step, logs)
+            if self._checkpoint_pending and not self.health.in_streak:
+                self.save_checkpoint()
             ratio = {k: logs.pop(k) for k in diagnostics_lib.RATIO_KEYS if k in logs}
             if ratio:
                 metrics.write_scalars(writer, step, ratio)
@@ -405,4 +465,12 @@ class Runner:
                     self._summary.update(results)
                 if action.exclude_time:
                     self._window.exclude(time.perf_counter() - start)
-        return self._summary
+
+    def _interrupt(self, step: int, signal_name: str) -> None:
+        """Saves a checkpoint at ``step`` (unless there is one) and raises
+        :class:`~deep_nmt_tf.training.health.TrainingInterrupted`."""
+        saved_step, saved = self.health.last_checkpoint
+        path = saved if saved_step == step else self.save_checkpoint()
+        logging.warning("Interrupted by %s at step %d%s", signal_name, step,
+                        f": saved {path}" if path else "")
+        raise health.TrainingInterrupted(signal_name, step, path)

@@ -23,12 +23,16 @@ __all__ = ["STRATEGIES", "make_strategy", "is_chief"]
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
-def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distribute.Strategy:
+def make_strategy(name: str = "default", tpu: Optional[str] = None,
+                  worker_timeout: float = 0) -> tf.distribute.Strategy:
     """Creates the strategy called ``name`` (one of :data:`STRATEGIES`).
 
     Args:
       name: ``default``, ``mirrored``, ``multi_worker`` or ``tpu``.
       tpu: for ``tpu``: the TPU name or ``grpc://`` address; ``None``/empty for a local TPU.
+      worker_timeout: for ``multi_worker``: seconds without a heartbeat after which a worker
+        counts as lost and the others stop with an error (0: TensorFlow's default, 10 s).
+        Must be set before TensorFlow's runtime starts (before any other TensorFlow work).
 
     Raises:
       ValueError: unknown name, or ``multi_worker`` without a usable ``TF_CONFIG``.
@@ -51,6 +55,10 @@ def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distri
             raise ValueError(f"TF_CONFIG is not valid JSON: {e}") from None
         if "cluster" not in spec or "task" not in spec:
             raise ValueError("TF_CONFIG must hold 'cluster' and 'task'")
+        if worker_timeout:
+            from deep_nmt_tf import compat
+
+            compat.set_worker_heartbeat_timeout(worker_timeout)
         return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "tpu":
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")

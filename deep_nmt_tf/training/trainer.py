@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import model_trackable
+from deep_nmt_tf.checkpointing import model_trackable, resume_checkpoint
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.training import losses, optimizers, precision, schedules
@@ -87,9 +87,12 @@ class Trainer:
         (:meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`).  Resuming is then
         instant, but every checkpoint holds the shuffle buffer (demo config: +34 MB and +3 s
         per checkpoint); the default re-reads the consumed batches on resume instead.
+      start_over: train from step 0 in a run directory whose checkpoints all fail to read
+        (``deep-nmt-train --start_over``; otherwise that is an error).
 
     Raises:
       ConfigError: ``model_dir`` was trained with a different model config or vocabulary.
+      CheckpointError: ``model_dir`` has checkpoints but none can be read (see ``start_over``).
 
     Example:
       >>> from deep_nmt_tf.config import load_config
@@ -104,7 +107,7 @@ class Trainer:
     def __init__(self, config: Config, model_dir,
                  strategy: Optional[tf.distribute.Strategy] = None,
                  gradient_transforms: Sequence[optimizers.GradientTransform] = (),
-                 checkpoint_iterator: bool = False):
+                 checkpoint_iterator: bool = False, start_over: bool = False):
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError("deep_nmt_tf.training needs the TensorFlow Keras backend "
                                f"(KERAS_BACKEND={keras.backend.backend()!r})")
@@ -113,6 +116,8 @@ class Trainer:
         self.strategy = strategy or tf.distribute.get_strategy()
         self.is_chief = is_chief(self.strategy)
         self.tokenizer = None
+        # Which checkpoint to resume from, decided before any file is written.
+        self.resume = resume_checkpoint(self.run_dir.path, start_over)
         self.config = runner_lib.prepare_run(config, self.run_dir, self.prepare,
                                              write=self.is_chief)
         t = self.config.training
@@ -141,6 +146,9 @@ class Trainer:
             self.step = tf.Variable(0, name="step", **counter)
             self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
             self.data_position = tf.Variable(0, name="data_position", **counter)
+            # Set by the runner at SIGTERM/Ctrl-C; summed with the update (not checkpointed).
+            self.stop_requested = tf.Variable(0.0, name="stop_requested", trainable=False,
+                                              aggregation=counter["aggregation"])
             self._grad_accumulators = []
             self._sum_accumulator = None
             if self.accumulation_steps > 1:
@@ -163,7 +171,8 @@ class Trainer:
             compute = tf.function(compute, jit_compile=True, reduce_retracing=True)
         self._compute_gradients_fn = compute
         self._train_step_fn = tf.function(self._train_step)
-        self.runner = runner_lib.Runner(self, checkpoint_iterator=checkpoint_iterator)
+        self.runner = runner_lib.Runner(self, checkpoint_iterator=checkpoint_iterator,
+                                        start_over=start_over)
 
     # ------------------------------------------------------------------------------------
     # Components (override in a subclass to swap one)
@@ -304,9 +313,11 @@ class Trainer:
             for acc in self._grad_accumulators:
                 acc.assign(tf.zeros_like(acc))
             self._sum_accumulator.assign(tf.zeros_like(self._sum_accumulator))
+        # A stop request travels with the sums, so every worker sees it after this update.
+        vector = tf.concat([vector, [self.stop_requested.read_value()]], 0)
         ctx = tf.distribute.get_replica_context()
         grads, vector = ctx.all_reduce(tf.distribute.ReduceOp.SUM, (grads, vector))
-        sums = dict(zip(self.SUM_KEYS, tf.unstack(vector)))
+        sums = dict(zip(self.SUM_KEYS, tf.unstack(vector)))  # The request is the last entry.
         if self.config.training.loss_normalization == "token":
             denominator = sums["num_tokens"]
         else:
@@ -325,7 +336,7 @@ class Trainer:
         overflow = skip
         if "skip_update" in stats:
             skip = tf.logical_or(skip, tf.cast(stats.pop("skip_update"), tf.bool))
-        out = dict(sums)
+        out = dict(sums, stop_requested=vector[-1])
         out.update(stats)
         out["learning_rate"] = tf.cast(self.optimizer.learning_rate, tf.float32)
         if diagnostics:
