@@ -418,7 +418,8 @@ def main(argv):
                                       repeats=FLAGS.repeats, jit_compile=FLAGS.jit_compile,
                                       threads=FLAGS.threads or None,
                                       precision=FLAGS.precision)
-            sys.stderr.write(format_results(result) + "\n")
+            # The peer-format lines on stdout too (shared/bench/side_by_side.sh keeps them).
+            print(format_results(result), flush=True)
             print(json.dumps(result), flush=True)
             results.append(result)
         _append_json(results)
