@@ -18,7 +18,7 @@ from typing import Callable, Sequence, Tuple
 from absl import flags
 
 __all__ = ["define_flags", "check_output_path", "PRECISION_FLAG", "COMPILATION_CACHE_FLAG",
-           "enable_compilation_cache"]
+           "enable_compilation_cache", "parse_flags_with_compilation_cache"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -45,8 +45,9 @@ COMPILATION_CACHE_FLAG: FlagDefinition = (
 def enable_compilation_cache(directory: str) -> bool:
     """Turns on TensorFlow's persistent XLA compilation cache in ``directory``.
 
-    TensorFlow reads ``TF_XLA_FLAGS`` at the process's first XLA compilation, so call this
-    before (it needs no TensorFlow import).  Entries are keyed by the compiled graph and the
+    Call it before TensorFlow is imported (it needs no TensorFlow import): set later, inside an
+    absl ``app.run`` main, the variable was found to be ignored (BENCHMARKS.md); the tools do it
+    in :func:`parse_flags_with_compilation_cache`.  Entries are keyed by the compiled graph and the
     device, so a changed model or TensorFlow version simply misses.  Returns False (and changes
     nothing) when ``directory`` is empty or ``TF_XLA_FLAGS`` already names a cache.
     """
@@ -56,6 +57,18 @@ def enable_compilation_cache(directory: str) -> bool:
     os.makedirs(directory, exist_ok=True)
     os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={directory}"
     return True
+
+
+def parse_flags_with_compilation_cache(argv: Sequence[str]):
+    """absl ``flags_parser`` of the tools that compile searches (``app.run(main,
+    flags_parser=...)``): parses the flags as absl does, then, with ``--jit_compile``, turns
+    on the persistent XLA cache of ``--compilation_cache`` before TensorFlow is imported."""
+    from absl import app
+
+    args = app.parse_flags_with_usage(argv)
+    if flags.FLAGS.jit_compile:
+        enable_compilation_cache(flags.FLAGS.compilation_cache)
+    return args
 
 
 def _kind(flag) -> str:

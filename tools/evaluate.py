@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, TextIO
 from absl import app, flags, logging
 
 from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
-                             define_flags, enable_compilation_cache)
+                             define_flags, parse_flags_with_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -205,8 +205,6 @@ def _evaluate_model() -> None:
     from deep_nmt_tf.export.translator import Translator
     from deep_nmt_tf.run_dir import RunDir
 
-    if FLAGS.jit_compile:
-        enable_compilation_cache(FLAGS.compilation_cache)
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
                                            jit_compile=FLAGS.jit_compile,
@@ -260,7 +258,7 @@ def _evaluate_model() -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-evaluate``)."""
-    app.run(main)
+    app.run(main, flags_parser=parse_flags_with_compilation_cache)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Iterable, List, Optional, Sequence
 from absl import app, flags
 
 from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
-                             define_flags, enable_compilation_cache)
+                             define_flags, parse_flags_with_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -155,8 +155,6 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"--n_best={FLAGS.n_best} exceeds --beam_size={FLAGS.beam_size}")
     try:
         check_output_path("output", FLAGS.output)  # Before loading the model.
-        if FLAGS.jit_compile:
-            enable_compilation_cache(FLAGS.compilation_cache)
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
                                                jit_compile=FLAGS.jit_compile,
@@ -170,7 +168,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-translate``)."""
-    app.run(main)
+    app.run(main, flags_parser=parse_flags_with_compilation_cache)
 
 
 if __name__ == "__main__":
