@@ -225,10 +225,11 @@ def _describe(variable) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
-def check_model_checkpoint(model, path: str) -> None:
+def check_model_checkpoint(model, path: str, rounded: bool = False) -> None:
     """Raises :class:`CheckpointError` naming the first model variable that the checkpoint does
     not hold with the same shape and dtype (before any value is restored, so a checkpoint of
-    another model gives one clear message instead of a failed partial restore)."""
+    another model gives one clear message instead of a failed partial restore).  ``rounded``:
+    a ``bfloat16``/``float16`` model variable may be ``float32`` in the checkpoint."""
     reader = tf.train.load_checkpoint(path)
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     saved = {}
@@ -245,6 +246,8 @@ def check_model_checkpoint(model, path: str) -> None:
                 f"{_describe(variable)}); it is a checkpoint of another model")
         shape, dtype = saved[i]
         want_shape, want_dtype = tuple(variable.shape), tf.as_dtype(variable.dtype)
+        if rounded and dtype == tf.float32 and want_dtype in (tf.bfloat16, tf.float16):
+            dtype = want_dtype
         if shape != want_shape or dtype != want_dtype:
             raise CheckpointError(
                 f"{path} does not fit this model: variable {i} ({_describe(variable)}) is "
@@ -274,6 +277,10 @@ def restore_model_weights(model, checkpoint: str) -> str:
       FileNotFoundError: no checkpoint there (the message lists the directory's checkpoints).
       CheckpointError: the checkpoint is damaged, or does not fit the model (naming the first
         variable that differs).
+
+    Checkpoints hold float32 weights (mixed-precision training keeps float32 variables); a
+    model built with a half-precision inference policy (``bfloat16``/``float16`` variables,
+    :func:`deep_nmt_tf.models.build_model`) gets them rounded to its variables' dtype.
     """
     if os.fspath(checkpoint).endswith(".weights.h5"):  # Written by fit (deep_nmt_tf.fit).
         return restore_keras_weights(model, checkpoint)
@@ -290,9 +297,24 @@ def restore_model_weights(model, checkpoint: str) -> str:
     problem = checkpoint_problem(path)
     if problem:
         raise CheckpointError(f"checkpoint {path} cannot be read: {problem}")
-    check_model_checkpoint(model, path)  # Every model variable is there, same shape and dtype.
-    model_checkpoint(model).restore(path).expect_partial()
+    rounded = any(v.dtype in ("bfloat16", "float16") for v in model.variables)
+    # Every model variable is there, same shape and dtype (float32 for a rounded one).
+    check_model_checkpoint(model, path, rounded=rounded)
+    if rounded:
+        _restore_cast(model, path)
+    else:
+        model_checkpoint(model).restore(path).expect_partial()
     return path
+
+
+def _restore_cast(model, path: str) -> None:
+    """Assigns every ``model/variables/<i>`` of ``path`` (checked by
+    :func:`check_model_checkpoint`) cast to the variable's dtype (a plain restore refuses a
+    dtype change)."""
+    reader = tf.train.load_checkpoint(path)
+    for i, variable in enumerate(model.variables):
+        key = f"model/variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
+        variable.assign(tf.cast(reader.get_tensor(key), variable.dtype))
 
 
 def has_object(checkpoint_path: str, name: str) -> bool:

@@ -43,7 +43,9 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from absl import app, flags
 from absl import logging as absl_logging
 
-__all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run"]
+__all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
+           "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
+           "parse_flags_with_compilation_cache"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -52,6 +54,50 @@ FlagDefinition = Tuple[Callable, ...]
 _VERBOSE_HELP = ("Show TensorFlow's C++ start-up messages and its INFO logs (hidden by "
                  "default); -v is short for --verbose (absl's own -v=N still sets its "
                  "verbosity).")
+
+#: ``--precision`` of the inference tools (translate, evaluate, export, benchmark's decoding).
+PRECISION_FLAG: FlagDefinition = (
+    flags.DEFINE_enum, "precision", "float32", ["float32", "bfloat16", "float16"],
+    "Inference precision: the dtype of the weights and activations (the float32 checkpoint is "
+    "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).")
+
+#: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
+DEFAULT_COMPILATION_CACHE = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "deep_nmt_tf", "xla")
+
+#: ``--compilation_cache`` of the tools that compile searches (translate, evaluate).
+COMPILATION_CACHE_FLAG: FlagDefinition = (
+    flags.DEFINE_string, "compilation_cache", DEFAULT_COMPILATION_CACHE,
+    "Directory of XLA's persistent compilation cache: a search compiled once for a model and "
+    "an input shape is read back by later runs instead of being compiled again ('' = off).")
+
+
+def enable_compilation_cache(directory: str) -> bool:
+    """Turns on TensorFlow's persistent XLA compilation cache in ``directory``.
+
+    Call it before TensorFlow is imported (it needs no TensorFlow import): set later, inside an
+    absl ``app.run`` main, the variable was found to be ignored (BENCHMARKS.md); the tools do it
+    in :func:`parse_flags_with_compilation_cache`.  Entries are keyed by the compiled graph and the
+    device, so a changed model or TensorFlow version simply misses.  Returns False (and changes
+    nothing) when ``directory`` is empty or ``TF_XLA_FLAGS`` already names a cache.
+    """
+    current = os.environ.get("TF_XLA_FLAGS", "")
+    if not directory or "tf_xla_persistent_cache_directory" in current:
+        return False
+    os.makedirs(directory, exist_ok=True)
+    os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={directory}"
+    return True
+
+
+def parse_flags_with_compilation_cache(argv: Sequence[str]):
+    """absl ``flags_parser`` of the tools that compile searches (``app.run(main,
+    flags_parser=...)``): parses the flags as absl does, then, with ``--jit_compile``, turns
+    on the persistent XLA cache of ``--compilation_cache`` before TensorFlow is imported."""
+    args = app.parse_flags_with_usage(argv)
+    if flags.FLAGS.jit_compile:
+        enable_compilation_cache(flags.FLAGS.compilation_cache)
+    return args
 
 
 def _kind(flag) -> str:
@@ -220,9 +266,14 @@ def _verbose_argv(argv: Sequence[str]) -> Tuple[List[str], bool]:
     return out, verbose
 
 
-def run(main: Callable[[Sequence[str]], None], argv: Optional[Sequence[str]] = None) -> None:
-    """Runs a tool's ``main`` with absl (``app.run``) after :func:`quiet_tensorflow` (unless
+def run(main: Callable[[Sequence[str]], None], argv: Optional[Sequence[str]] = None,
+        flags_parser: Optional[Callable] = None) -> None:
+    """Runs a tool's ``main`` with absl (``app.run``, with ``flags_parser`` when given, e.g.
+    :func:`parse_flags_with_compilation_cache`) after :func:`quiet_tensorflow` (unless
     ``--verbose``/``-v``)."""
     argv, verbose = _verbose_argv(list(sys.argv if argv is None else argv))
     quiet_tensorflow(verbose)
-    app.run(main, argv=argv)
+    if flags_parser is None:
+        app.run(main, argv=argv)
+    else:
+        app.run(main, argv=argv, flags_parser=flags_parser)

@@ -33,6 +33,14 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   gives the adapter a signature with every dimension unknown for datasets that set
   ``variable_batch_shapes = True`` (:class:`deep_nmt_tf.data.batching.TokenBatches`).
 
+Backend gaps (public APIs that lack something on one backend):
+
+* ``keras.ops.scan`` on TensorFlow runs a ``tf.while_loop`` without ``maximum_iterations``, so
+  XLA cannot compile its gradient (the loop's accumulators need a bounded size).
+  :func:`scan` is ``keras.ops.scan`` on the other backends and, on TensorFlow, the same
+  ``TensorArray`` loop with ``maximum_iterations`` set to the (padded, compile-time) length:
+  the RNMT+ recurrences then train under ``jit_compile``.
+
 TensorFlow is imported lazily, inside the functions that need it: ``deep_nmt_tf.layers`` uses
 this module and stays TensorFlow-free.
 """
@@ -53,6 +61,7 @@ __all__ = [
     "is_trackable",
     "strategy_supports_no_merge_call",
     "tf_variable",
+    "scan",
     "set_worker_heartbeat_timeout",
     "allow_variable_batch_shapes",
 ]
@@ -172,6 +181,48 @@ def tf_variable(variable):
     if not isinstance(value, tf.Variable):
         raise TypeError(f"cannot find the tf.Variable of {variable!r}")
     return value
+
+
+# --------------------------------------------------------------------------------------------
+# Backend gaps
+# --------------------------------------------------------------------------------------------
+
+
+def scan(f, init, xs):
+    """``keras.ops.scan(f, init, xs)`` whose TensorFlow loop has a maximum iteration count.
+
+    ``f(carry, x) -> (carry, y)``; ``xs`` a tensor or a nest of tensors with the steps on
+    axis 0 (``T``, static or not); returns ``(final carry, ys stacked on axis 0)``.  As with
+    ``keras.ops.scan`` on TensorFlow, ``y`` must have the structure, dtypes and shapes of the
+    carry.  On TensorFlow the loop is a ``tf.while_loop`` over ``TensorArray`` s (as Keras')
+    with ``maximum_iterations = T``, which XLA needs to compile the gradient (``T`` is a
+    constant once XLA compiles a shape).  Other backends: ``keras.ops.scan``.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return keras.ops.scan(f, init, xs)
+    import tensorflow as tf
+
+    xs_flat = [tf.convert_to_tensor(x) for x in keras.tree.flatten(xs)]
+    init_flat = [tf.convert_to_tensor(c) for c in keras.tree.flatten(init)]
+    steps = tf.shape(xs_flat[0])[0]
+    inputs = [tf.TensorArray(x.dtype, size=steps, element_shape=x.shape[1:]).unstack(x)
+              for x in xs_flat]
+    outputs = [tf.TensorArray(c.dtype, size=steps, element_shape=c.shape) for c in init_flat]
+
+    def body(i, carry, ys):
+        x = keras.tree.pack_sequence_as(xs, [ta.read(i) for ta in inputs])
+        carry, y = f(keras.tree.pack_sequence_as(init, carry), x)
+        ys = [ta.write(i, v) for ta, v in zip(ys, keras.tree.flatten(y))]
+        return i + 1, [tf.convert_to_tensor(c) for c in keras.tree.flatten(carry)], ys
+
+    _, carry, ys = tf.while_loop(lambda i, carry, ys: i < steps, body,
+                                 (tf.constant(0), init_flat, outputs),
+                                 maximum_iterations=steps, parallel_iterations=1)
+    length = xs_flat[0].shape[0]
+    ys = [ta.stack() for ta in ys]
+    for y in ys:
+        y.set_shape(tf.TensorShape([length]).concatenate(y.shape[1:]))
+    return keras.tree.pack_sequence_as(init, carry), keras.tree.pack_sequence_as(init, ys)
 
 
 def set_worker_heartbeat_timeout(seconds: float) -> None:

@@ -12,8 +12,9 @@ import tensorflow as tf
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
 from deep_nmt_tf.data import synthetic
 from deep_nmt_tf.data.text_io import DataError
-from deep_nmt_tf.data.vocab import (Tokenizer, build_vocab, load_vocab, pretokenize,
-                                    reattach_punctuation, vocab_size, write_vocab)
+from deep_nmt_tf.data.vocab import (Tokenizer, build_vocab, count_words, load_vocab,
+                                    pretokenize, reattach_punctuation, sample_lines, vocab_size,
+                                    write_vocab)
 
 ENGLISH = [
     "Hello, world (really)!",
@@ -164,6 +165,25 @@ def test_lowercase_tokenizer(tmp_path, corpus):
     tokenizer = Tokenizer(path, lowercase=True)
     assert _decode(tokenizer.detokenize(tokenizer.tokenize(tf.constant(["HELLO, World!"])))) \
         == ["hello, world!"]
+
+
+def test_vocabulary_sample_is_bounded_spread_and_logged(tmp_path, caplog):
+    """data.vocab_sample_size: at most that many lines, spread over every file, logged."""
+    for total, size in ((10, 3), (7, 7), (1000, 333)):
+        keep = sample_lines(total, size)
+        kept = [i for i in range(total) if keep is None or keep(i)]
+        assert len(kept) == min(total, size)
+    assert sample_lines(10, 0) is None and sample_lines(10, 10) is None
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("".join(f"alpha{i}\n" for i in range(100)), encoding="utf-8")
+    second.write_text("".join(f"beta{i}\n" for i in range(100)), encoding="utf-8")
+    paths = [str(first), str(second)]
+    with caplog.at_level("INFO"):
+        counts = count_words(paths, max_sentences=20)
+    assert sum(counts.values()) == 20
+    assert sum(w.startswith("alpha") for w in counts) == 10  # both files, evenly
+    assert "Vocabulary sample: 20 of the 200 lines" in caplog.text
+    assert sum(count_words(paths, max_sentences=0).values()) == 200
 
 
 def test_vocab_learning_reports_invalid_utf8(tmp_path):

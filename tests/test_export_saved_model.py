@@ -152,13 +152,10 @@ def test_saved_model_cli_run(exported, tmp_path):
     assert saved["translations.npy"].shape == (2,)
 
 
-def test_plain_graph_export_has_no_xla_ops(exported, tmp_path, tmp_path_factory):
-    """A --nojit_compile export must run on TF Serving's default (XLA-disabled) server."""
+def _assert_plain_graph(path):
+    """No XLA cluster and no XLA-only op anywhere in the SavedModel's graph."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    sentences = exported[3]
-    translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False)
-    path = export_saved_model(translator.module, str(tmp_path), config=translator.config)
     proto = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         proto.ParseFromString(f.read())
@@ -168,6 +165,35 @@ def test_plain_graph_export_has_no_xla_ops(exported, tmp_path, tmp_path_factory)
         ops.update(n.op for n in function.node_def)
         assert not function.attr["_XlaMustCompile"].b, function.signature.name
     assert not {op for op in ops if op.startswith("Xla")}, sorted(ops)
+
+
+def test_plain_graph_export_has_no_xla_ops(exported, tmp_path, tmp_path_factory):
+    """A --nojit_compile export must run on TF Serving's default (XLA-disabled) server."""
+    sentences = exported[3]
+    translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False)
+    path = export_saved_model(translator.module, str(tmp_path), config=translator.config)
+    _assert_plain_graph(path)
     reloaded = tf.saved_model.load(path)
     out = reloaded.signatures["serving_default"](text=tf.constant(sentences[:2]))
     assert out["translations"].shape == (2,)
+
+
+def test_bfloat16_export_takes_and_returns_strings(exported, tmp_path, tmp_path_factory):
+    """--precision=bfloat16: bfloat16 weights in the SavedModel, strings in and out, float32
+    scores, no XLA-only op (plain graph), the in-process bfloat16 translations; close to the
+    float32 model's."""
+    translator32, _, _, sentences = exported
+    translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False,
+                                           precision="bfloat16")
+    assert {v.dtype for v in translator.module.model_variables
+            if v.dtype.is_floating} == {tf.bfloat16}
+    path = export_saved_model(translator.module, str(tmp_path), config=translator.config)
+    _assert_plain_graph(path)
+    reloaded = tf.saved_model.load(path)
+    out = reloaded.signatures["serving_default"](text=tf.constant(sentences))
+    assert out["translations"].dtype == tf.string and out["scores"].dtype == tf.float32
+    local = translator.translate_batch(sentences)
+    assert out["translations"].numpy().tolist() == local["translations"].tolist()
+    same = sum(a == b for a, b in zip(local["translations"],
+                                      translator32.translate_batch(sentences)["translations"]))
+    assert same >= len(sentences) // 2, same

@@ -9,7 +9,7 @@ import keras
 from deep_nmt_tf.layers.dlcl import DynamicLinearCombination, dlcl_initial_weights, dlcl_mask
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.layers.transparent_attention import TransparentAttention
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_mixed_precision, to_numpy
 
 D = 8
 
@@ -98,6 +98,25 @@ def test_transparent_attention_params_and_config_roundtrip():
     assert mix.count_params() == 21 * 6
     mix.mix_logits.assign(np.random.RandomState(3).randn(21, 6).astype("float32"))
     assert_config_roundtrip(mix, lambda m: m(srcs))
+
+
+def _randomized(layer, seed=11):
+    layer.set_weights([np.random.RandomState(seed).randn(*w.shape).astype("float32")
+                       for w in layer.get_weights()])
+    return layer
+
+
+def test_transparent_attention_mixed_bfloat16_keeps_float32_mixing_weights():
+    """The logits and the softmax-normalised mix stay float32; the mixed sources do not."""
+    assert_mixed_precision(
+        lambda d: _randomized(_built(TransparentAttention(4, 2, dtype=d))),
+        lambda m: {"mix": m(_xs(4)), "weights": m.mix_weights()}, float32=("weights",),
+        atol=0.1)
+
+
+def _built(layer, *args):
+    layer.build(*args)
+    return layer
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,6 +219,31 @@ def test_dlcl_parameter_count_and_config_roundtrip():
     assert_config_roundtrip(layer, lambda l: l(ys), atol=1e-5)
 
 
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_dlcl_history_rows_equal_combine(norm):
+    """The running history (what the stacks use) gives every row exactly as combine()."""
+    layer = DynamicLinearCombination(3, D, norm=norm, window=2)
+    layer.build()
+    layer.weight.assign(np.tril(np.random.RandomState(4).randn(4, 4)).astype("float32"))
+    ys = _xs(4)
+    stored = [layer.store(y, k) for k, y in enumerate(ys)]
+    history = layer.start(ys[0])
+    for row in range(4):
+        np.testing.assert_allclose(to_numpy(history.next_input()),
+                                   to_numpy(layer.combine(stored[: row + 1], row)), atol=1e-6)
+        if row < 3:
+            history.add(ys[row + 1])
+    with pytest.raises(ValueError, match="already added"):
+        history.add(ys[0])
+
+
+def test_dlcl_mixed_bfloat16_keeps_float32_weights():
+    assert_mixed_precision(
+        lambda d: _randomized(_built(DynamicLinearCombination(3, D, norm="post", dtype=d))),
+        lambda l: {"top": l(_xs(4)), "weights": l.weight_matrix()}, float32=("weights",),
+        atol=0.1)
+
+
 def test_dlcl_rejects_normalize_embedding_without_layer_norm():
     with pytest.raises(ValueError, match="normalize_embedding"):
         DynamicLinearCombination(3, D, layer_norm=False, normalize_embedding=True)
@@ -298,3 +342,11 @@ def test_lexical_shortcut_config_roundtrip(variant):
     sc = LexicalShortcut(D, variant=variant, gate_bias_initializer="ones")
     e, h, k, v = _shortcut_inputs()
     assert_config_roundtrip(sc, lambda s: s(e, h, k, v))
+
+
+@pytest.mark.parametrize("variant", ["shortcuts", "feature_fusion"])
+def test_lexical_shortcut_mixed_bfloat16(variant):
+    e, h, k, v = _shortcut_inputs()
+    assert_mixed_precision(
+        lambda d: _built(LexicalShortcut(D, variant=variant, dtype=d)),
+        lambda s: dict(zip(("k", "v", "gates"), s(e, h, k, v, return_gates=True))), atol=0.15)

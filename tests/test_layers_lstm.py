@@ -11,7 +11,7 @@ from keras import ops
 
 from deep_nmt_tf.layers.lstm import (BidirectionalLayerNormLSTM, LayerNormLSTM,
                                      LayerNormLSTMCell, reverse_sequence, sequence_lengths)
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_mixed_precision, to_numpy
 
 B, T, D, U = 3, 6, 5, 4
 
@@ -273,13 +273,33 @@ def test_saved_keras_model_roundtrip(tmp_path):
     assert loaded.get_layer("uni").cell.output_activation is not None
 
 
-def test_mixed_precision_policy():
+def _cell_steps(cell):
     x = np.random.default_rng(9).normal(size=(2, T, D)).astype("float32")
-    layer = LayerNormLSTM(U, dtype="mixed_bfloat16")
-    ref = LayerNormLSTM(U)
-    y = layer(x)
-    ref(x)
-    ref.set_weights(layer.get_weights())
-    assert keras.backend.standardize_dtype(y.dtype) == "bfloat16"
-    assert all(keras.backend.standardize_dtype(w.dtype) == "float32" for w in layer.weights)
-    np.testing.assert_allclose(to_numpy(ops.cast(y, "float32")), to_numpy(ref(x)), atol=0.1)
+    state, out = cell.get_initial_state(batch_size=2), {}
+    for t in range(3):
+        h, state = cell(x[:, t], state)
+    out["h"], out["c"] = h, state[1]
+    return out
+
+
+def _sequence(layer):
+    x = np.random.default_rng(9).normal(size=(2, T, D)).astype("float32")
+    mask = _lengths_mask([T, 3])
+    if isinstance(layer, BidirectionalLayerNormLSTM):
+        return {"y": layer(x, mask=mask)}
+    y, h, c = layer(x, mask=mask)
+    return {"y": y, "h": h, "c": c}
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: LayerNormLSTMCell(U, dtype=d),
+    lambda d: LayerNormLSTM(U, return_state=True, go_backwards=True, dtype=d),
+    lambda d: BidirectionalLayerNormLSTM(U, dtype=d),
+])
+def test_mixed_precision_policy(make):
+    """bfloat16 outputs and h; the cell state c stays float32 (it accumulates over the
+    sequence); float32 variables; close to the float32 layer."""
+    layer = make("float32")
+    call = _cell_steps if isinstance(layer, LayerNormLSTMCell) else _sequence
+    float32 = () if isinstance(layer, BidirectionalLayerNormLSTM) else ("c",)
+    assert_mixed_precision(make, call, float32=float32, atol=0.1)

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from deep_nmt_tf import layers
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_mixed_precision, to_numpy
 
 D, H, F = 16, 4, 32
 
@@ -111,3 +111,38 @@ def test_serialization_round_trip(make, call):
     layer = make()
     call(layer)
     assert_config_roundtrip(layer, call)
+
+
+def _decoder_layer_outputs(layer):
+    """Teacher forcing and two cached steps of a decoder layer (with lexical shortcuts)."""
+    x, memory, source = _x(t=3), _x(t=4, seed=1), _x(t=4, seed=2)
+    bias = layers.padding_bias(np.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool))
+    out = {"call": layer(x, memory, self_bias=layers.causal_bias(3), memory_bias=bias,
+                         shortcut=x, memory_shortcut=source)}
+    cache = layer.init_cache(memory, 3, memory_shortcut=source)
+    for t in range(2):
+        y, cache = layer.step(x[:, t:t + 1], cache, t, layers.step_bias(t, 3), bias,
+                              shortcut=x[:, t:t + 1])
+        out[f"step_{t}"] = y
+    out["cache"] = cache
+    return out
+
+
+@pytest.mark.parametrize("make,call,float32", [
+    (lambda d: layers.TokenEmbedding(13, D, dtype=d),
+     lambda l: {"embed": l(np.array([[1, 2, 0]], "int32")), "logits": l.logits(_x())}, ()),
+    (lambda d: layers.MultiHeadAttention(D, H, dtype=d),
+     lambda l: {"y": l(_x(), bias=layers.causal_bias(5))}, ()),
+    (lambda d: layers.FeedForward(D, F, dtype=d), lambda l: {"y": l(_x())}, ()),
+    (lambda d: layers.Residual("post", 1e-6, dtype=d), lambda l: {"y": l(_x(), _x(seed=3))},
+     ()),
+    (lambda d: layers.TransformerEncoderLayer(D, H, F, norm="pre", shortcut="shortcuts",
+                                              dtype=d),
+     lambda l: dict(zip(("y", "gates"), l(_x(), shortcut=_x(seed=4), return_gates=True))), ()),
+    (lambda d: layers.TransformerDecoderLayer(D, H, F, norm="post", self_shortcut="shortcuts",
+                                              cross_shortcut="feature_fusion", dtype=d),
+     _decoder_layer_outputs, ()),
+])
+def test_layers_run_in_mixed_bfloat16(make, call, float32):
+    """bfloat16 activations, float32 variables; close to the float32 layer."""
+    assert_mixed_precision(make, call, float32, atol=0.15)

@@ -15,7 +15,7 @@ from deep_nmt_tf.layers.dlcl import dlcl_initial_weights
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.models import Seq2SeqModel, build_model
 from flat_config import flat_config, model_config
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = np.array([[5, 6, 7, 8, 9, 2], [9, 10, 2, 0, 0, 0]], "int32")
@@ -105,6 +105,15 @@ def test_cached_decoding_equals_teacher_forcing(variant, norm):
 # --------------------------------------------------------------------------------------------
 # Special cases that reproduce the plain Transformer
 # --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["all_three", "all_three_fusion_untied"])
+def test_mixed_bfloat16_with_float32_logits_and_mixing_weights(variant):
+    """Transparent attention, DLCL and lexical shortcuts together under mixed_bfloat16: float32
+    logits (teacher forcing and decoding steps) and mixing matrices; bfloat16 beam search."""
+    kwargs = dict(SMALL, **VARIANTS[variant])
+    assert_model_mixed_precision(lambda d: build_model(model_config(**kwargs), dtype=d), SRC,
+                                 TGT)
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])

@@ -18,7 +18,7 @@ from deep_nmt_tf.models.hybrid import CascadedEncoder, MultiColumnEncoder
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder
 from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
 from flat_config import flat_config
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
@@ -50,6 +50,12 @@ def hybrid(request):
     keras.utils.set_random_seed(3)
     model = build_model(_config(request.param))
     return request.param, model, to_numpy(model({"source_ids": SRC, "target_input_ids": TGT}))
+
+
+@pytest.mark.parametrize("architecture", sorted(HYBRIDS))
+def test_hybrid_runs_in_mixed_bfloat16(architecture):
+    assert_model_mixed_precision(lambda d: build_model(_config(architecture), dtype=d), SRC,
+                                 TGT, atol=0.2)
 
 
 def test_hybrid_builds_and_cached_decoding_equals_teacher_forcing(hybrid):

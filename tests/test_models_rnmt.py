@@ -19,7 +19,7 @@ from deep_nmt_tf.decoding import beam_search
 from deep_nmt_tf.models import Seq2SeqModel, build_model
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder, rnmt_embedding
 from flat_config import model_config
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
@@ -69,6 +69,15 @@ def test_cached_decoding_equals_teacher_forcing(model_and_logits):
     assert isinstance(model.decoder, RNMTPlusDecoder)
     assert full.shape == (2, 5, V) and full.dtype == np.float32
     _check_cached_decoding(model, full)
+
+
+@pytest.mark.parametrize("transparent", [False, True])
+def test_mixed_bfloat16_with_float32_logits(transparent):
+    """The recurrences run in bfloat16 (cell states float32); float32 logits and decoding
+    steps; bfloat16 beam search."""
+    assert_model_mixed_precision(
+        lambda d: build_model(_model_config(transparent=transparent, encoder_units=D // 2),
+                              dtype=d), SRC, TGT)
 
 
 @pytest.mark.parametrize("encoder_units", [U, D // 2])

@@ -6,7 +6,7 @@ import keras
 
 from deep_nmt_tf.models import Seq2SeqModel, TransformerEncoder, build_model
 from flat_config import model_config
-from keras_test_utils import assert_config_roundtrip, to_numpy
+from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
 TGT = np.array([[1, 11, 12, 13, 14], [1, 15, 16, 0, 0]], "int32")
@@ -76,3 +76,11 @@ def test_encoder_round_trip_and_layer_outputs():
 def test_build_model_requires_vocab_size():
     with pytest.raises(ValueError, match="vocab_size"):
         Seq2SeqModel(model_config(vocab_size=0, d_model=16, num_heads=2))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_model_runs_in_mixed_bfloat16_with_float32_logits(norm):
+    kwargs = dict(vocab_size=40, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=2,
+                  decoder_layers=2, norm=norm)
+    assert_model_mixed_precision(lambda d: build_model(model_config(**kwargs), dtype=d), SRC,
+                                 TGT)

@@ -179,3 +179,30 @@ def test_average_checkpoints(translator, tmp_path):
     assert len(averaged.translate(["Hello."])) == 1
     with pytest.raises(ValueError):
         average_checkpoints(model_dir, model_dir)
+
+
+@pytest.mark.parametrize("tool", ["translate", "evaluate"])
+def test_compilation_cache_is_set_before_tensorflow_starts(tool, tmp_path):
+    """--compilation_cache reaches TF_XLA_FLAGS while the flags are parsed, before TensorFlow
+    is imported (set later, inside main, TensorFlow ignored it); --nojit_compile leaves it."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            f"from deep_nmt_tf.tools import {tool} as tool\n"
+            "from deep_nmt_tf.cli import parse_flags_with_compilation_cache as parse\n"
+            "parse(sys.argv)\n"
+            "assert 'tensorflow' not in sys.modules\n"
+            "print('XLA', os.environ.get('TF_XLA_FLAGS', ''))\n")
+    cache = str(tmp_path / "xla")
+    env = {k: v for k, v in os.environ.items() if k != "TF_XLA_FLAGS"}
+    for extra, expected in (([], f"--tf_xla_persistent_cache_directory={cache}"),
+                            (["--nojit_compile"], None)):
+        proc = subprocess.run([sys.executable, "-c", code, f"--compilation_cache={cache}"] +
+                              extra, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        line = proc.stdout.strip().splitlines()[-1]
+        if expected:
+            assert expected in line
+        else:
+            assert line == "XLA"

@@ -49,11 +49,14 @@ SCRIPT = textwrap.dedent("""
     common = dict(train_steps=2, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=1,
                   clip_norm=0.3, weight_decay=1e-3)
 
-    def run(strategy, split, model_dir, **extra):
+    def run(strategy, split, model_dir, setup=None, hooks=(), **extra):
         cls = make_trainer_class(batches, split=split)
-        trainer = cls(tiny_config(NO_DROPOUT, **common, **extra), model_dir, strategy=strategy)
+        trainer = cls(tiny_config(NO_DROPOUT, **{{**common, **extra}}), model_dir,
+                      strategy=strategy)
+        if setup is not None:
+            setup(trainer)
         logs = []
-        trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+        trainer.train(hooks=[lambda t, s, l: logs.append(l)] + list(hooks))
         return trainer, logs
 
     default, logs_d = run(make_strategy("default"), 1, "{tmp}/default")
@@ -92,6 +95,33 @@ SCRIPT = textwrap.dedent("""
     for a, b in zip(weights(restored), weights(replicas)):
         np.testing.assert_array_equal(a, b)
     print("mirrored checkpoint restores: ok")
+
+    # 5. Mixed precision under the strategy: the same updates (to bfloat16/float16 rounding).
+    # float16: the first step overflows on both (scale 2^127), then a scale that overflows on
+    # neither (the per-replica gradients are smaller: near the limit the decisions may differ).
+    def overflow(trainer):
+        if trainer.loss_scaling is not None:
+            trainer.loss_scaling.optimizer.dynamic_scale.assign(2.0 ** 127)
+
+    def then_fit(trainer, step, logs):
+        if trainer.loss_scaling is not None and step == 1:
+            assert logs["overflow"] == 1.0 and logs["loss_scale"] == 2.0 ** 127, logs
+            assert float(trainer.loss_scaling.current_scale()) == 2.0 ** 126  # halved
+            trainer.loss_scaling.optimizer.dynamic_scale.assign(2.0 ** 8)
+
+    for precision in ("mixed_bfloat16", "mixed_float16"):
+        extra = dict(precision=precision, train_steps=4, setup=overflow, hooks=[then_fit])
+        default, logs_d = run(make_strategy("default"), 1, "{tmp}/d_" + precision, **extra)
+        replicas, logs_m = run(mirrored, 2, "{tmp}/m_" + precision, **extra)
+        for a, b in zip(logs_d, logs_m):
+            assert a["skipped"] == b["skipped"], (a, b)
+            for key in ("loss", "grad_norm", "loss_scale", "overflow_updates"):
+                if key in a:
+                    np.testing.assert_allclose(a[key], b[key], rtol=2e-2, err_msg=key)
+        for a, b in zip(weights(default), weights(replicas)):
+            np.testing.assert_allclose(a, b, atol=2e-2)
+        assert int(replicas.skipped_updates.numpy()) == int(default.skipped_updates.numpy())
+    print("mixed precision under mirrored: ok")
 """)
 
 
@@ -103,3 +133,4 @@ def test_mirrored_strategy_matches_default(tmp_path):
     assert "evaluation under mirrored: ok" in proc.stdout
     assert "mirrored resume: ok" in proc.stdout
     assert "mirrored checkpoint restores: ok" in proc.stdout
+    assert "mixed precision under mirrored: ok" in proc.stdout

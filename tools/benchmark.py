@@ -12,7 +12,10 @@ configuration runs in its own process so peak memory is its own::
         --override=model.decoder.transformer.num_layers=6
 
 ``--config`` takes preset names (below) or YAML config files, comma-separated; each prints one
-JSON line, and the last line is a JSON list of all of them.
+JSON line, and the last line is a JSON list of all of them.  Training honours
+``training.precision`` (``--override=training.precision=mixed_bfloat16``); each line carries
+``train_flops_per_step`` (the peer harness's count: 6 FLOPs per weight per token it sees, plus
+the attention products), from which BENCHMARKS.md derives the MFU.
 
 Decoding (``--mode=decode``, :func:`benchmark_decode`): generated tokens/s of greedy and beam
 search with random weights, at the shapes and conventions of the peer benchmarks
@@ -26,9 +29,10 @@ untimed warm-up call that also compiles).  Two paths are timed: ``translator``, 
 :class:`~deep_nmt_tf.export.translator.TranslationModule`'s compiled search on prepared ids (what
 ``Translator.translate`` runs per batch), and ``saved_model``, the exported SavedModel
 (``translate_ids`` signature, which also prepares the source in the graph) reloaded with
-``tf.saved_model.load``.  XLA is on for decoding with ``--jit_compile``::
+``tf.saved_model.load``.  XLA is on for decoding with ``--jit_compile``; ``--precision=bfloat16`` (or ``float16``) rounds
+the weights and runs the search in that precision, as ``deep-nmt-translate --precision`` does::
 
-    deep-nmt-benchmark --mode=decode --config=base --jit_compile
+    deep-nmt-benchmark --mode=decode --config=base --jit_compile [--precision=bfloat16]
 
 From Python::
 
@@ -60,7 +64,7 @@ from typing import Dict, Optional, Sequence
 from absl import app, flags
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import define_flags
+from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 
 FLAGS = flags.FLAGS
 
@@ -103,6 +107,7 @@ define_flags([
     (flags.DEFINE_integer, "threads", 0, "intra/inter-op threads (0: TensorFlow's default)."),
     (flags.DEFINE_string, "output", None, "Also append the JSON results to this file."),
     (flags.DEFINE_bool, "child", False, "Internal: run one configuration in this process."),
+    PRECISION_FLAG,
 ])
 
 
@@ -119,6 +124,30 @@ def _config_overrides(name):
         return name, ["model.vocab_size=8000", "data.corpus=synthetic"] + _CONSTANT_LR
     raise app.UsageError(f"--config: {name!r} is neither a preset ({', '.join(PRESETS)}) "
                          "nor a file")
+
+
+def train_flops_per_step(config, batch=BATCH, src_len=SRC_LEN, tgt_len=TGT_LEN):
+    """Model FLOPs of one training step of a Transformer config, as the peer harness counts
+    them (``shared/bench/peers/benchcommon.py``): 6 per weight per token it sees (encoder
+    weights per source token, decoder weights and the output projection per target token) plus
+    the attention score and value products (x3 for forward and backward).  None for other
+    architectures."""
+    m = config.model
+    if (m.encoder.type, m.decoder.type) != ("transformer", "transformer"):
+        return None
+    enc, dec = m.encoder.get(), m.decoder.get()
+    d = m.d_model
+    attention = 4 * d * d + 4 * d
+
+    def stack(options, attentions):  # attentions + feed-forward + their LayerNorms
+        layer = attentions * attention + 2 * d * options.ffn_dim + options.ffn_dim + d
+        return options.num_layers * (layer + (1 + attentions) * 2 * d)
+
+    src, tgt = batch * src_len, batch * tgt_len
+    dense = 6 * (stack(enc, 1) * src + stack(dec, 2) * tgt + m.vocab_size * d * tgt)
+    scores = 3 * 2 * 2 * d * batch * (enc.num_layers * src_len * src_len +
+                                      dec.num_layers * (tgt_len * tgt_len + tgt_len * src_len))
+    return float(dense + scores)
 
 
 def _train_child(name):
@@ -187,6 +216,8 @@ def _train_child(name):
         "peak_rss_mib": round(peak_kb / 1024, 1),
         "peak_rss_mib_before_model": round(rss_before / 1024, 1),
         "parameters": params, "jit_compile": FLAGS.jit_compile,
+        "precision": config.training.precision,
+        "train_flops_per_step": train_flops_per_step(config),
         "batch": [BATCH, SRC_LEN, TGT_LEN], "vocab": VOCAB,
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
@@ -256,7 +287,8 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
                      batch_size: int = 32, source_length: int = 32, steps: int = 32,
                      vocab_size: int = 8000, repeats: int = 3, jit_compile: bool = True,
                      threads: Optional[int] = None, seed: int = 0,
-                     work_dir: Optional[str] = None) -> Dict[str, object]:
+                     work_dir: Optional[str] = None,
+                     precision: str = "float32") -> Dict[str, object]:
     """Times greedy and beam search (see "Decoding" in the module docstring).
 
     Args:
@@ -269,6 +301,8 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
       threads: TensorFlow intra-op threads (set before TensorFlow starts; None: default).
       seed: weights and source seed.
       work_dir: where the SavedModels are written (default: a temporary directory, removed).
+      precision: ``float32``, ``bfloat16`` or ``float16`` weights and activations (the random
+        float32 weights rounded, as ``--precision`` of the translation tools does).
 
     Returns:
       dict: ``results[path][mode]`` -> ``{"tokens_per_second", "seconds", "tokens"}``, plus
@@ -284,6 +318,7 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
     from deep_nmt_tf.export.saved_model import export_saved_model
     from deep_nmt_tf.export.translator import TranslationModule
     from deep_nmt_tf.models import build_model
+    from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
 
     if threads:
         try:
@@ -297,6 +332,12 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
     source[:, -1] = EOS_ID
     tokenizer = Tokenizer(_synthetic_vocab(vocab_size))
     model = build_model(_config(config, vocab_size, 1, steps))
+    if precision != "float32":  # the same weights, rounded
+        half = build_model(_config(config, vocab_size, 1, steps),
+                           dtype=INFERENCE_POLICIES[precision])
+        for target, value in zip(half.variables, model.variables):
+            target.assign(tf.cast(value, target.dtype))
+        model = half
     work = batch_size * steps
     results: Dict[str, Dict[str, object]] = {p: {} for p in paths}
     outputs_equal: Dict[str, bool] = {}
@@ -332,6 +373,7 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
     return {
         "config": config, "batch_size": batch_size, "source_length": source_length,
         "steps": steps, "vocab_size": vocab_size, "jit_compile": jit_compile,
+        "precision": precision,
         "threads": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                     "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
                     "cpus": os.cpu_count()},
@@ -345,9 +387,10 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
 def format_results(result: Dict[str, object]) -> str:
     """Lines ``deep_nmt_tf <config> <path>_<mode>_tok_per_s <value> tok/s`` (peer format)."""
     lines = []
+    suffix = "" if result.get("precision", "float32") == "float32" else f"_{result['precision']}"
     for path, by_mode in result["results"].items():
         for mode, r in by_mode.items():
-            lines.append(f"deep_nmt_tf {result['config']} {path}_{mode}_tok_per_s "
+            lines.append(f"deep_nmt_tf {result['config']} {path}_{mode}{suffix}_tok_per_s "
                          f"{r['tokens_per_second']:.6g} tok/s")
     return "\n".join(lines)
 
@@ -374,8 +417,10 @@ def main(argv):
             result = benchmark_decode(config=name, modes=("greedy", "beam4"),
                                       paths=("translator", "saved_model"),
                                       repeats=FLAGS.repeats, jit_compile=FLAGS.jit_compile,
-                                      threads=FLAGS.threads or None)
-            sys.stderr.write(format_results(result) + "\n")
+                                      threads=FLAGS.threads or None,
+                                      precision=FLAGS.precision)
+            # The peer-format lines on stdout too (shared/bench/side_by_side.sh keeps them).
+            print(format_results(result), flush=True)
             print(json.dumps(result), flush=True)
             results.append(result)
         _append_json(results)

@@ -84,7 +84,7 @@ def _from_config(config_path: str, overrides: Sequence[str], model_dir: str,
     stats = text_io.check_parallel(data.train_source, data.train_target)
     logging.info("%s", text_io.describe_stats(stats, "train"))
     return vocab.build_vocab([data.train_source, data.train_target], output, data.vocab_size,
-                             data.lowercase)
+                             data.lowercase, max_sentences=data.vocab_sample_size)
 
 
 def _from_files(inputs: Sequence[str], output: str, vocab_size: int,

@@ -44,7 +44,8 @@ from typing import Dict, List, Optional, Sequence, TextIO
 from absl import app, flags, logging
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import check_output_path, define_flags
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
+                             define_flags, parse_flags_with_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -72,6 +73,8 @@ define_flags([
     (flags.DEFINE_string, "output", None, "Write the test translations here."),
     (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    PRECISION_FLAG,
+    COMPILATION_CACHE_FLAG,
 ])
 
 
@@ -205,7 +208,8 @@ def _evaluate_model() -> None:
 
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
-                                           jit_compile=FLAGS.jit_compile)
+                                           jit_compile=FLAGS.jit_compile,
+                                           precision=FLAGS.precision)
     data = translator.config.data
     source = FLAGS.source or data.test_source
     reference = FLAGS.reference or data.test_target
@@ -255,7 +259,7 @@ def _evaluate_model() -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-evaluate``)."""
-    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
+    cli.run(main, flags_parser=parse_flags_with_compilation_cache)  # quiet unless --verbose
 
 
 if __name__ == "__main__":

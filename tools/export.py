@@ -21,7 +21,7 @@ from typing import Sequence
 from absl import app, flags
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import define_flags
+from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 
 FLAGS = flags.FLAGS
 
@@ -34,6 +34,7 @@ define_flags([
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.beam_size=8 (repeatable)."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    PRECISION_FLAG,
     (flags.DEFINE_bool, "overwrite", False, "Replace an existing version directory."),
 ])
 
@@ -49,7 +50,8 @@ def main(argv: Sequence[str]) -> None:
     try:
         path = export_model_dir(FLAGS.model_dir, FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
                                 version=FLAGS.version, overrides=FLAGS.override,
-                                jit_compile=FLAGS.jit_compile, overwrite=FLAGS.overwrite)
+                                jit_compile=FLAGS.jit_compile, overwrite=FLAGS.overwrite,
+                                precision=FLAGS.precision)
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
         raise SystemExit(f"export: error: {e}") from None
     print(path)

@@ -25,7 +25,8 @@ from typing import Iterable, List, Optional, Sequence
 from absl import app, flags
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import check_output_path, define_flags
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
+                             define_flags, parse_flags_with_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -45,6 +46,8 @@ define_flags([
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
     (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    PRECISION_FLAG,
+    COMPILATION_CACHE_FLAG,
     (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "
                                           "a file)."),
 ])
@@ -155,7 +158,8 @@ def main(argv: Sequence[str]) -> None:
         check_output_path("output", FLAGS.output)  # Before loading the model.
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
-                                               jit_compile=FLAGS.jit_compile)
+                                               jit_compile=FLAGS.jit_compile,
+                                               precision=FLAGS.precision)
         translate_file(translator, FLAGS.input, FLAGS.output, beam_size=FLAGS.beam_size,
                        length_penalty=FLAGS.length_penalty, n_best=FLAGS.n_best,
                        batch_size=FLAGS.batch_size, progress=FLAGS.progress)
@@ -165,7 +169,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-translate``)."""
-    cli.run(main)  # app.run, TensorFlow's start-up messages hidden unless --verbose
+    cli.run(main, flags_parser=parse_flags_with_compilation_cache)  # quiet unless --verbose
 
 
 if __name__ == "__main__":

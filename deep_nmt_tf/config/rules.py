@@ -155,11 +155,6 @@ def _training(cfg: Config, fail: Fail) -> None:
     own = getattr(schedule, "validate", None)
     if callable(own):
         own(key, cfg.model, fail)
-    if t.jit_compile and "rnmt_plus" in set(component_types(cfg.model.encoder)) | set(
-            component_types(cfg.model.decoder)):
-        fail("training.jit_compile", "XLA cannot compile the gradient of the RNMT+ recurrences "
-             "(keras.ops.scan's while loop on TensorFlow has no maximum_iterations); set it "
-             "to false (decoding and export still compile with XLA)")
     ws = t.warm_start
     n = len(ws.checkpoint)
     for name, paths in (("source", ws.source), ("target", ws.target)):

@@ -105,6 +105,10 @@ class DataConfig:
     vocab: str = field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
                        "(learned from the training data if missing).")
     vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
+    vocab_sample_size: int = field(1000000, "Learn the vocabulary from at most this many "
+                                   "training lines (source and target together, spread evenly "
+                                   "over the files; the sample size is logged); 0 = all.",
+                                   min=0)
     lowercase: bool = field(False, "Lower-case text before tokenisation.")
     max_source_length: int = field(128, "Drop training pairs with longer source (tokens).",
                                    min=1)
@@ -182,6 +186,12 @@ class TrainingConfig:
                                    "lexical-shortcut gates on a fixed batch (0: every "
                                    "log_every steps).", min=0)
     jit_compile: bool = field(False, "Compile the training step with XLA.")
+    precision: str = field("float32", "Keras dtype policy of the model: 'float32', "
+                           "'mixed_bfloat16' or 'mixed_float16' (float32 variables and "
+                           "checkpoints, half-precision activations; softmax, LayerNorm "
+                           "statistics, mixing weights and the loss in float32; float16 adds "
+                           "dynamic loss scaling, overflow steps skipped and counted).",
+                           choices=("float32", "mixed_bfloat16", "mixed_float16"))
     max_consecutive_skipped: int = field(100, "Stop with an error (naming the last good "
                                          "checkpoint) after this many consecutive updates "
                                          "skipped because the loss or gradient norm was not "

@@ -413,7 +413,8 @@ def _resolve_vocab(data, run_dir: RunDir) -> str:
     if data.vocab:
         raise DataError(f"data.vocab: {path}: vocabulary file not found (leave data.vocab empty "
                         f"to learn one into MODEL_DIR/{VOCAB_FILENAME})")
-    build_vocab([data.train_source, data.train_target], path, data.vocab_size, data.lowercase)
+    build_vocab([data.train_source, data.train_target], path, data.vocab_size, data.lowercase,
+                max_sentences=data.vocab_sample_size)
     return path
 
 

@@ -40,7 +40,7 @@ from absl import logging
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID, UNK_TOKEN
-from deep_nmt_tf.data.text_io import DataError, is_blank, read_lines
+from deep_nmt_tf.data.text_io import DataError, count_lines, is_blank, read_lines
 
 __all__ = [
     "SUFFIX_INDICATOR",
@@ -133,12 +133,14 @@ def reattach_punctuation(text):
 # ---------------------------------------------------------------------------------------------
 
 
-def _batches(paths: Iterable[str], size: int) -> Iterable[List[str]]:
+def _batches(paths: Iterable[str], size: int, keep=None) -> Iterable[List[str]]:
     batch: List[str] = []
+    index = 0
     for path in paths:
         for line in read_lines(path):  # Validates UTF-8, naming file and line.
-            if not is_blank(line):
+            if (keep is None or keep(index)) and not is_blank(line):
                 batch.append(line)
+            index += 1
             if len(batch) == size:
                 yield batch
                 batch = []
@@ -146,12 +148,25 @@ def _batches(paths: Iterable[str], size: int) -> Iterable[List[str]]:
         yield batch
 
 
-def count_words(paths: Sequence[str], lowercase: bool = False) -> collections.Counter:
+def sample_lines(total: int, max_lines: Optional[int]):
+    """``keep(i)`` for line ``i`` of ``total``: every line when ``max_lines`` is 0/None or at
+    least ``total``, else ``max_lines`` lines spread evenly over all of them (deterministic:
+    the line where ``floor(i * max_lines / total)`` increases)."""
+    if not max_lines or max_lines >= total:
+        return None
+    return lambda i: (i * max_lines) // total != ((i + 1) * max_lines) // total
+
+
+def count_words(paths: Sequence[str], lowercase: bool = False,
+                max_sentences: Optional[int] = None) -> collections.Counter:
     """Counts pre-tokenised words (:func:`pretokenize`) in text files, streaming.
 
     Args:
       paths: UTF-8 text files, one sentence per line.
       lowercase: lower-case first (as the tokenizer will).
+      max_sentences: count the words of at most this many lines of all files together,
+        spread evenly over them (:func:`sample_lines`; 0 or None: every line).  Every line
+        is still read (and checked to be UTF-8).
 
     Returns:
       ``Counter`` mapping word (str) to count.
@@ -162,13 +177,21 @@ def count_words(paths: Sequence[str], lowercase: bool = False) -> collections.Co
     split = tf.function(lambda lines: pretokenize(lines, lowercase).flat_values,
                         input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     counts: collections.Counter = collections.Counter()
-    for batch in _batches(paths, _COUNT_BATCH):
+    keep = None
+    if max_sentences:
+        total = sum(count_lines(path) for path in paths)
+        keep = sample_lines(total, max_sentences)
+        if keep is not None:
+            logging.info("Vocabulary sample: %d of the %d lines of %s", max_sentences, total,
+                         ", ".join(paths))
+    for batch in _batches(paths, _COUNT_BATCH, keep):
         counts.update(split(tf.constant(batch)).numpy().tolist())
     return collections.Counter({word.decode("utf-8"): n for word, n in counts.items()})
 
 
 def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
-                learn_params: Optional[Mapping] = None) -> List[str]:
+                learn_params: Optional[Mapping] = None,
+                max_sentences: Optional[int] = None) -> List[str]:
     """Learns a WordPiece vocabulary with tensorflow-text's learner.
 
     Args:
@@ -180,6 +203,8 @@ def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
       lowercase: learn on lower-cased text (must match the tokenizer's setting).
       learn_params: extra keyword arguments of ``wordpiece_tokenizer_learner_lib.learn``
         (``lower_thresh``, ``num_iterations``, ``max_input_tokens`` ...).
+      max_sentences: learn from an evenly spread sample of at most this many lines
+        (:func:`count_words`; 0 or None: all).
 
     Returns:
       The tokens, ``RESERVED_TOKENS`` first (ids 0-3).
@@ -187,7 +212,7 @@ def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
     Raises:
       DataError: unreadable files, invalid UTF-8, or no words at all.
     """
-    counts = count_words(paths, lowercase)
+    counts = count_words(paths, lowercase, max_sentences)
     if not counts:
         raise DataError(f"cannot learn a vocabulary: no words in {', '.join(paths)}")
     tokens = learner.learn(dict(counts), vocab_size, list(RESERVED_TOKENS),
@@ -213,7 +238,8 @@ def write_vocab(tokens: Sequence[str], path: str):
 
 
 def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
-                lowercase: bool = False, learn_params: Optional[Mapping] = None) -> List[str]:
+                lowercase: bool = False, learn_params: Optional[Mapping] = None,
+                max_sentences: Optional[int] = None) -> List[str]:
     """:func:`learn_vocab` + :func:`write_vocab`, with logging.
 
     Args:
@@ -222,13 +248,14 @@ def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
       vocab_size: target size (see :func:`learn_vocab`).
       lowercase: learn on lower-cased text.
       learn_params: extra arguments for the learner.
+      max_sentences: learn from at most this many lines (``data.vocab_sample_size``).
 
     Returns:
       The tokens written.
     """
     logging.info("Learning a WordPiece vocabulary of about %d tokens from %s", vocab_size,
                  ", ".join(paths))
-    tokens = learn_vocab(paths, vocab_size, lowercase, learn_params)
+    tokens = learn_vocab(paths, vocab_size, lowercase, learn_params, max_sentences)
     write_vocab(tokens, output_path)
     logging.info("Wrote %d tokens to %s", len(tokens), output_path)
     return tokens

@@ -116,7 +116,8 @@ def export_saved_model(module: TranslationModule, export_dir: str,
 def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
                      checkpoint: Optional[str] = None,
                      version: Optional[int] = None, overrides: Sequence[str] = (),
-                     jit_compile: bool = True, overwrite: bool = False) -> str:
+                     jit_compile: bool = True, overwrite: bool = False,
+                     precision: str = "float32") -> str:
     """Loads a model directory (config, vocabulary, checkpoint) and exports it.
 
     Args:
@@ -130,6 +131,9 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
       jit_compile: compile the search with XLA (faster; TF Serving then needs
         ``--xla_cpu_compilation_enabled=true``).
       overwrite: replace an existing version.
+      precision: ``float32``, ``bfloat16`` or ``float16`` weights and activations
+        (:meth:`~deep_nmt_tf.export.translator.Translator.from_model_dir`); the signatures
+        still take and return strings and float32 scores.
 
     Returns:
       The version directory.
@@ -137,7 +141,8 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
     if export_dir is None:
         export_dir = RunDir(model_dir).export_dir
     translator = Translator.from_model_dir(model_dir, checkpoint=checkpoint,
-                                           overrides=overrides, jit_compile=jit_compile)
+                                           overrides=overrides, jit_compile=jit_compile,
+                                           precision=precision)
     return export_saved_model(translator.module, export_dir, version=version,
                               overwrite=overwrite, config=translator.config)
 

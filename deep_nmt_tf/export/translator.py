@@ -266,7 +266,7 @@ class Translator:
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: Optional[str] = None,
                        overrides: Sequence[str] = (), jit_compile: bool = True,
-                       pad_to_multiple: int = 8) -> "Translator":
+                       pad_to_multiple: int = 8, precision: str = "float32") -> "Translator":
         """Loads ``config.yaml``, the vocabulary and a checkpoint (default: the latest).
 
         Args:
@@ -275,6 +275,10 @@ class Translator:
             that can be read (newer damaged ones are skipped with a WARNING).
           overrides: config overrides (``decoding.beam_size=8`` ...).
           jit_compile, pad_to_multiple: see :class:`TranslationModule`.
+          precision: ``float32``, ``bfloat16`` or ``float16``: the dtype of the weights and
+            the activations (:data:`~deep_nmt_tf.models.seq2seq.INFERENCE_POLICIES`; the
+            float32 checkpoint is rounded when it is loaded; softmax, LayerNorm statistics and
+            the scores stay float32).
 
         Raises:
           ConfigError: the vocabulary is not the one the run was trained with (naming both).
@@ -282,13 +286,17 @@ class Translator:
           CheckpointError: the checkpoint is damaged or of another model.
         """
         from deep_nmt_tf.models import build_model
+        from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
 
+        if precision not in INFERENCE_POLICIES:
+            raise ValueError(f"precision must be one of {', '.join(INFERENCE_POLICIES)}, got "
+                             f"{precision!r}")
         run_dir = RunDir(model_dir)
         config = run_dir.load_config(overrides)
         vocab = run_dir.vocab_path(config)
         run_dir.check_vocab(vocab, run_dir.config_path)
         tokenizer = build_tokenizer(config, vocab)
-        model = build_model(config)
+        model = build_model(config, dtype=INFERENCE_POLICIES[precision])
         translator = cls(model, tokenizer, config, jit_compile=jit_compile,
                          pad_to_multiple=pad_to_multiple)
         if checkpoint is None:

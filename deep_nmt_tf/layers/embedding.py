@@ -56,9 +56,11 @@ class TokenEmbedding(keras.layers.Layer):
         return x
 
     def logits(self, x):
+        """``x @ E^T`` in the compute dtype (callers cast the logits to float32 for the
+        softmax)."""
         shape = ops.shape(x)
-        flat = ops.reshape(x, (-1, self.d_model))
-        out = ops.matmul(flat, ops.transpose(ops.cast(self.embeddings, x.dtype)))
+        flat = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.d_model))
+        out = ops.matmul(flat, ops.transpose(ops.cast(self.embeddings, self.compute_dtype)))
         return ops.reshape(out, tuple(shape[:-1]) + (self.vocab_size,))
 
     def compute_output_shape(self, input_shape):

@@ -42,7 +42,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from deep_nmt_tf.compat import dropout_rnn_cell_base
+from deep_nmt_tf.compat import dropout_rnn_cell_base, scan
 from deep_nmt_tf.layers.attention import dense
 
 # keras.layers.RNN pre-draws dropout masks only for cells deriving from Keras' DropoutRNNCell
@@ -217,9 +217,11 @@ class LayerNormLSTMCell(keras.layers.Layer, _DropoutRNNCellMixin):
     # ------------------------------------------------------------------ states / dropout
 
     def get_initial_state(self, batch_size=None):
-        """Zero state ``[h, c]``, each ``[batch_size, units]`` in the compute dtype."""
+        """Zero state ``[h, c]``, each ``[batch_size, units]``: ``h`` in the compute dtype,
+        the cell state ``c`` in float32 (under mixed precision too: it accumulates over the
+        whole sequence)."""
         zeros = ops.zeros((batch_size, self.units), dtype=self.compute_dtype)
-        return [zeros, ops.zeros((batch_size, self.units), dtype=self.compute_dtype)]
+        return [zeros, ops.zeros((batch_size, self.units), dtype="float32")]
 
     def sample_recurrent_dropout_mask(self, batch_size):
         """A fresh ``[B, U]`` keep-mask scaled by ``1/(1-rate)`` (None if the rate is 0)."""
@@ -272,7 +274,7 @@ class LayerNormLSTMCell(keras.layers.Layer, _DropoutRNNCellMixin):
             c = ops.clip(c, -self.cell_clip, self.cell_clip)
         out = c if self.output_activation is None else self.output_activation(c)
         h = ops.sigmoid(o) * out
-        return ops.cast(h, self.compute_dtype), ops.cast(c, self.compute_dtype)
+        return ops.cast(h, self.compute_dtype), c
 
     def project_inputs(self, inputs, w_x=None):
         """``inputs @ w_x``: gate pre-activations from the input, ``[..., D] -> [..., 4U]``."""
@@ -411,7 +413,7 @@ class LayerNormLSTM(keras.layers.Layer):
         if initial_state is None:
             initial_state = self.cell.get_initial_state(batch_size=batch)
         h0 = ops.cast(initial_state[0], self.compute_dtype)
-        c0 = ops.cast(initial_state[1], self.compute_dtype)
+        c0 = ops.cast(initial_state[1], "float32")
 
         w_x, w_h = self.cell.split_kernel()
         x_proj = self.cell.project_inputs(inputs, w_x)  # [B, T, 4U], one GEMM
@@ -435,7 +437,7 @@ class LayerNormLSTM(keras.layers.Layer):
             # structure and shapes, hence (y, c_new); the c sequence is discarded.
             return (h_new, c_new), (y, c_new)
 
-        (h_last, c_last), (ys, _) = ops.scan(step, (h0, c0), xs)
+        (h_last, c_last), (ys, _) = scan(step, (h0, c0), xs)
         outputs = ops.transpose(ys, (1, 0, 2))
         if self.go_backwards:
             outputs = reverse_sequence(outputs, lengths)

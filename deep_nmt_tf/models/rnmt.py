@@ -71,6 +71,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from deep_nmt_tf.compat import scan
 from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
 from deep_nmt_tf.layers.attention import dense
@@ -478,7 +479,7 @@ class RNMTPlusDecoder(_RNMTStack, Decoder):
             # keras.ops.scan on TensorFlow wants per-step outputs shaped like the carry.
             return (h, c, ctx), (h, c, ctx)
 
-        _, (hs, _, contexts) = ops.scan(step, (h0, c0, context0), xs)
+        _, (hs, _, contexts) = scan(step, (h0, c0, context0), xs)
         hs = ops.transpose(hs, (1, 0, 2))                              # [B, T, U]
         contexts = ops.transpose(contexts, (1, 0, 2))                  # [B, T, A]
 

@@ -17,7 +17,7 @@ from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.transparent_attention import TransparentAttention
 from deep_nmt_tf.models.base import build_encoder, decoder_class, encoder_class
 
-__all__ = ["Seq2SeqModel", "build_model"]
+__all__ = ["Seq2SeqModel", "build_model", "INFERENCE_POLICIES"]
 
 
 def _model_config_dict(model_config) -> Dict[str, Any]:
@@ -246,17 +246,29 @@ class Seq2SeqModel(keras.Model):
         return cls(dtype=dtype, **config)
 
 
-def build_model(config) -> Seq2SeqModel:
+#: Inference precisions (``--precision`` of the tools) -> Keras dtype policies.  Inference
+#: uses plain half-precision policies: the variables themselves are bfloat16/float16 (half the
+#: memory traffic, no casts in the decoding loop); softmax, LayerNorm statistics, the mixing
+#: weights and the logits are still computed in float32.
+INFERENCE_POLICIES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def build_model(config, dtype="float32") -> Seq2SeqModel:
     """Builds (creates the variables of) the model described by ``config.model``.
 
     Args:
       config: a :class:`deep_nmt_tf.config.Config` (or a ``ModelConfig``) whose
         ``model.vocab_size`` is set.
+      dtype: the Keras dtype policy (name or ``keras.DTypePolicy``): ``float32``, the training
+        policies ``mixed_bfloat16`` / ``mixed_float16`` (``training.precision``: float32
+        variables) or the inference policies ``bfloat16`` / ``float16`` (half-precision
+        variables; :data:`INFERENCE_POLICIES`).  Whatever the policy, the model's logits are
+        float32.
 
     Returns:
       A built :class:`Seq2SeqModel`.
     """
     model_config = getattr(config, "model", config)
-    model = Seq2SeqModel(model_config, name="seq2seq")
+    model = Seq2SeqModel(model_config, name="seq2seq", dtype=dtype)
     model.build()
     return model

@@ -117,21 +117,18 @@ class _StackBase(keras.layers.Layer):
         combination with DLCL) and ``[y_0, .., y_L]``, the raw layer outputs.
         """
         outputs = [x0]
-        weights = stored = None
-        if self.dlcl is not None:
-            weights = self.dlcl.weight_matrix()
-            stored = [self.dlcl.store(x0, 0)]
+        history = self.dlcl.start(x0) if self.dlcl is not None else None
         x = x0
         for i, layer in enumerate(self.layers_):
-            if self.dlcl is not None:
-                x = self.dlcl.combine(stored, i, weights)
+            if history is not None:
+                x = history.next_input()
             y = run_layer(i, layer, x, self.shortcut_source(outputs, i))
             outputs.append(y)
-            if self.dlcl is not None:
-                stored.append(self.dlcl.store(y, i + 1))
+            if history is not None:
+                history.add(y)
             x = y
-        if self.dlcl is not None:
-            x = self.dlcl.combine(stored, self.num_layers, weights)
+        if history is not None:
+            x = history.next_input()
         return x, outputs
 
     def layer_kwargs(self):

@@ -27,6 +27,11 @@ micro-batches and ``n`` replicas:
    apply_gradients_if`), unless the norm is not finite or a transform asked to skip it; a
    skipped update is counted (``skipped_updates``) and leaves the weights and Adam's state alone.
 
+``training.precision`` picks the model's dtype policy; ``mixed_float16`` multiplies the loss by
+a dynamic loss scale before step 1 and divides it out with the denominator in step 3
+(:mod:`~deep_nmt_tf.training.precision`): an overflow is a non-finite norm, skipped as above and
+also counted in ``overflow_updates``; the scale is updated after each update.
+
 The learning-rate schedule reads ``optimizer.iterations`` (updates applied); ``step`` counts
 update attempts, skipped ones included; ``data_position`` counts the micro-batches consumed.
 """
@@ -44,7 +49,7 @@ from absl import logging
 from deep_nmt_tf.checkpointing import model_trackable, resume_checkpoint
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
-from deep_nmt_tf.training import losses, optimizers, schedules
+from deep_nmt_tf.training import losses, optimizers, precision, schedules
 from deep_nmt_tf.training import runner as runner_lib
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
@@ -126,7 +131,12 @@ class Trainer:
             self.schedule = schedules.build_schedule(
                 self.config, num_replicas=self.strategy.num_replicas_in_sync)
             self.optimizer = optimizers.build_optimizer(self.config, self.schedule)
-            self.optimizer.build(self.trainable_variables)
+            self.loss_scaling = None
+            if precision.uses_loss_scaling(t.precision):
+                self.loss_scaling = precision.LossScaling(self.optimizer)
+                self.loss_scaling.build(self.trainable_variables)
+            else:
+                self.optimizer.build(self.trainable_variables)
             self.gradient_transforms: List[optimizers.GradientTransform] = (
                 optimizers.build_gradient_transforms(self.config) + list(gradient_transforms))
             for transform in self.gradient_transforms:
@@ -183,10 +193,11 @@ class Trainer:
         return config
 
     def build_model(self) -> keras.Model:
-        """The model (built: its variables exist); called inside the strategy scope."""
+        """The model (built: its variables exist) in the ``training.precision`` dtype policy;
+        called inside the strategy scope."""
         from deep_nmt_tf.models import build_model
 
-        return build_model(self.config)
+        return build_model(self.config, dtype=self.config.training.precision)
 
     def build_train_dataset(self, input_context: Optional[tf.distribute.InputContext]
                             ) -> tf.data.Dataset:
@@ -224,6 +235,8 @@ class Trainer:
         for i, transform in enumerate(self.gradient_transforms):
             for name, obj in transform.checkpoint_items().items():
                 items[f"transform_{i}_{name}"] = obj
+        if self.loss_scaling is not None:
+            items.update(self.loss_scaling.checkpoint_items())
         return items
 
     # ------------------------------------------------------------------------------------
@@ -263,7 +276,8 @@ class Trainer:
                 sums, watched = self._diagnostic_loss(batch)
             else:
                 sums, watched = self.compute_loss(batch, training=True), []
-        grads = tape.gradient(sums.loss, list(variables) + watched)
+            loss = sums.loss if self.loss_scaling is None else self.loss_scaling.scale(sums.loss)
+        grads = tape.gradient(loss, list(variables) + watched)
         grads, watched_grads = grads[:len(variables)], grads[len(variables):]
         unused = [getattr(v, "path", v.name) for g, v in zip(grads, variables) if g is None]
         if unused:  # Runs once, while tracing.
@@ -310,6 +324,8 @@ class Trainer:
             denominator = sums["num_sentences"]
         denominator = tf.maximum(denominator, 1.0)
         variables = self.trainable_variables
+        if self.loss_scaling is not None:  # float16: unscale before clipping and the norm
+            denominator = denominator * self.loss_scaling.current_scale()
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
         grads = optimizers.add_l2_gradients(grads, variables, self.config.training.weight_decay,
                                             self._decayed_mask)
@@ -317,6 +333,7 @@ class Trainer:
         for transform in self.gradient_transforms:
             grads = transform(grads, variables, stats)
         skip = tf.logical_not(tf.math.is_finite(stats["grad_norm"]))
+        overflow = skip
         if "skip_update" in stats:
             skip = tf.logical_or(skip, tf.cast(stats.pop("skip_update"), tf.bool))
         out = dict(sums, stop_requested=vector[-1])
@@ -330,6 +347,9 @@ class Trainer:
             out["grad_norm_hN"] = hn / denominator
         applied = apply_gradients_if(tf.logical_not(skip), self.optimizer, grads, variables)
         out["skipped"] = 1.0 - tf.cast(applied, tf.float32)
+        if self.loss_scaling is not None:
+            out["overflow"] = tf.cast(overflow, tf.float32)
+            out["loss_scale"] = self.loss_scaling.current_scale()
         return out
 
     def _train_step(self, iterator, diagnostics=False):
@@ -345,6 +365,10 @@ class Trainer:
         self.step.assign_add(1)
         self.data_position.assign_add(self.accumulation_steps)
         self.skipped_updates.assign_add(tf.cast(outputs["skipped"], tf.int64))
+        if self.loss_scaling is not None:
+            self.loss_scaling.update(outputs["overflow"] > 0)
+            outputs["overflow_updates"] = tf.cast(self.loss_scaling.overflow_updates,
+                                                  tf.float32)
         return outputs
 
     def train_step(self, iterator, diagnostics: bool = False) -> Dict[str, tf.Tensor]:
@@ -360,8 +384,10 @@ class Trainer:
           The update's metrics (float32 scalars): the sums ``loss_sum``, ``nll_sum``,
           ``num_tokens``, ``num_sentences``, ``source_tokens`` over the global batch,
           ``grad_norm`` (before clipping), ``learning_rate`` (of this update), ``skipped``, the
-          gradient transforms' statistics and, with ``diagnostics``, ``grad_norm_ratio``,
-          ``grad_norm_h1`` and ``grad_norm_hN``.
+          gradient transforms' statistics, with ``diagnostics`` ``grad_norm_ratio``,
+          ``grad_norm_h1`` and ``grad_norm_hN``, and with float16 loss scaling ``loss_scale``
+          (the scale this step used), ``overflow`` (1.0: the step overflowed and was skipped)
+          and ``overflow_updates`` (skipped overflow steps so far).
         """
         return self._train_step_fn(iterator, bool(diagnostics))
 
