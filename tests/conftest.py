@@ -23,6 +23,18 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _restore_absl_log_level():
+    """Tools run in-process parse absl flags, which set the ``absl`` logger's level (WARNING
+    by default): restore it so a later test's log capture does not depend on the test order."""
+    import logging
+
+    logger = logging.getLogger("absl")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture
 def backend():
     import keras

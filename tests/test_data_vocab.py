@@ -178,8 +178,8 @@ def test_vocabulary_sample_is_bounded_spread_and_logged(tmp_path, caplog):
     first.write_text("".join(f"alpha{i}\n" for i in range(100)), encoding="utf-8")
     second.write_text("".join(f"beta{i}\n" for i in range(100)), encoding="utf-8")
     paths = [str(first), str(second)]
-    with caplog.at_level("INFO"):
-        counts = count_words(paths, max_sentences=20)
+    with caplog.at_level("INFO", logger="absl"):  # (a tool run in-process before this test
+        counts = count_words(paths, max_sentences=20)  # leaves absl's logger at WARNING)
     assert sum(counts.values()) == 20
     assert sum(w.startswith("alpha") for w in counts) == 10  # both files, evenly
     assert "Vocabulary sample: 20 of the 200 lines" in caplog.text

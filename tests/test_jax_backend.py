@@ -53,7 +53,9 @@ def test_layer_and_model_tests_pass_on_jax():
     assert files, "no tests/test_layers_*.py or tests/test_models_*.py found"
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *files,
+        # -n 0: one process (the outer run's other worker keeps the second core busy).
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-n", "0",
+         *files,
          "-k", "not tensorflow_only",
          # The slow ones are the paper-size parameter counts: the same arithmetic on every
          # backend, run once under TensorFlow; skipping them here saves about a minute.
