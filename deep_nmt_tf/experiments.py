@@ -27,7 +27,8 @@ translations and the scores are recorded in the run's ``experiment.json``.
 
 ``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
-also has the reserved keys ``"training"``: updates, seconds, CPU seconds, parameters, seed; and
+also has the reserved keys ``"training"``: updates, seconds, CPU seconds (of the updates this tool
+ran: ``timed_from_update`` says where its clock started), parameters, seed; and
 ``"decoding"``: the beam, the chosen length penalty and its dev BLEU), ``results.md`` (the
 table) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices, lexical
 shortcut gates, embedding-to-layer similarity).
@@ -239,6 +240,9 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) 
     done = int(trainer.step.numpy())
     target = config.training.train_steps
     training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
+    # The update this tool first saw the run at: its clock covers only the updates after it (a
+    # run trained, or begun, by deep-nmt-train has no training time here; the table says so).
+    training.setdefault("timed_from_update", done)
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
                     config=os.path.abspath(run.config), hardware=_hardware())
     if done >= target:
@@ -363,8 +367,12 @@ def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, r in results.items():
         t = r["training"]
+        minutes = f"{t.get('seconds', 0.0) / 60:.0f}"
+        if t.get("timed_from_update", 0) > 0:  # partly or wholly trained outside the tool
+            minutes = "n/a" if not t.get("seconds") else f"{minutes} (from update " \
+                f"{t['timed_from_update']})"
         cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", str(t.get("updates", "")),
-                 f"{t.get('seconds', 0.0) / 60:.0f}", str(r["decoding"]["length_penalty"])]
+                 minutes, str(r["decoding"]["length_penalty"])]
         for test in tests:
             s = r.get(test, {})
             cells += [f"{s.get('bleu_lc', float('nan')):.2f}", f"{s.get('bleu', float('nan')):.2f}",

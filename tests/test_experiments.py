@@ -64,6 +64,20 @@ def test_scores_are_sacrebleu_cased_lowercased_and_chrf():
 
 
 @pytest.mark.slow
+def test_the_table_does_not_report_training_it_did_not_time():
+    from deep_nmt_tf.experiments import _markdown
+
+    def run(**training):
+        return {"training": dict(parameters=2e6, updates=6000, **training),
+                "decoding": {"length_penalty": 1.0}, "test2016": {"bleu": 1, "bleu_lc": 2,
+                                                                  "chrf": 3}}
+    table = _markdown({"timed": run(seconds=1800, timed_from_update=0),
+                       "outside": run(seconds=0.0, timed_from_update=6000),
+                       "resumed": run(seconds=600, timed_from_update=4000)}, ["test2016"])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines()[2:]}
+    assert rows == {"timed": "30", "outside": "n/a", "resumed": "10 (from update 4000)"}
+
+
 def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     from test_training_helpers import run_tool
 
