@@ -105,8 +105,10 @@ def _listed_checkpoints(directory: str) -> List[str]:
         return []
     if state is None:
         return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    return [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths if p]
+    # get_checkpoint_state has already joined relative entries to ``directory`` (joining again
+    # doubled a relative run directory: runs/demo/runs/demo/ckpt-N, "missing").
+    return [p for p in list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+            if p]
 
 
 def find_checkpoints(directory: str) -> List[str]:

@@ -648,6 +648,20 @@ def test_tool_errors(real_run, tmp_path, capfd, caplog, case, tool, arguments, e
         assert _digest(keep) == before  # Nothing of the other run was touched.
 
 
+def test_the_checkpoints_of_a_relative_run_directory_are_found_without_warnings(
+        real_run, tmp_path, monkeypatch, caplog):
+    """The checkpoint state file's relative entries resolve once against a relative directory
+    (the quick start's runs/demo used to warn "runs/demo/runs/demo/ckpt-N.index is missing")."""
+    _copy(real_run, tmp_path, "moved")
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        found = checkpointing.find_checkpoints("moved")
+        latest = checkpointing.latest_checkpoint("moved")
+    assert found and all(os.path.dirname(p) == "moved" for p in found), found
+    assert latest == os.path.join("moved", "ckpt-4")
+    assert not _messages(caplog, logging.WARNING), _messages(caplog, logging.WARNING)
+
+
 def test_tools_accept_relative_and_absolute_paths_and_moved_runs(real_run, tmp_path,
                                                                  monkeypatch):
     """Relative and absolute --model_dir alike, in a moved copy of the run: translation and
