@@ -378,6 +378,14 @@ def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
             cells += [f"{s.get('bleu_lc', float('nan')):.2f}", f"{s.get('bleu', float('nan')):.2f}",
                       f"{s.get('chrf', float('nan')):.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    timed = [r["training"] for r in results.values() if r["training"].get("seconds")]
+    if timed:
+        untimed = len(results) - sum(t.get("timed_from_update", 0) == 0 for t in timed)
+        lines += ["", f"Training time of the {len(timed)} timed run(s): "
+                      f"{sum(t['seconds'] for t in timed) / 3600:.2f} h wall, "
+                      f"{sum(t.get('cpu_seconds', 0.0) for t in timed) / 3600:.2f} CPU-hours"
+                      + (f" ({untimed} run(s) trained in part or wholly outside the tool are "
+                         "not fully counted)" if untimed else "") + "."]
     return "\n".join(lines) + "\n"
 
 

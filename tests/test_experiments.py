@@ -71,11 +71,14 @@ def test_the_table_does_not_report_training_it_did_not_time():
         return {"training": dict(parameters=2e6, updates=6000, **training),
                 "decoding": {"length_penalty": 1.0}, "test2016": {"bleu": 1, "bleu_lc": 2,
                                                                   "chrf": 3}}
-    table = _markdown({"timed": run(seconds=1800, timed_from_update=0),
+    table = _markdown({"timed": run(seconds=1800, cpu_seconds=3600, timed_from_update=0),
                        "outside": run(seconds=0.0, timed_from_update=6000),
-                       "resumed": run(seconds=600, timed_from_update=4000)}, ["test2016"])
-    rows = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines()[2:]}
+                       "resumed": run(seconds=600, cpu_seconds=1800, timed_from_update=4000)}, ["test2016"])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines()[2:5]}
     assert rows == {"timed": "30", "outside": "n/a", "resumed": "10 (from update 4000)"}
+    assert table.splitlines()[-1] == (
+        "Training time of the 2 timed run(s): 0.67 h wall, 1.50 CPU-hours (2 run(s) trained in "
+        "part or wholly outside the tool are not fully counted).")
 
 
 def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
