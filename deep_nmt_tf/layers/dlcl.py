@@ -95,6 +95,9 @@ class DynamicLinearCombination(keras.layers.Layer):
     pass reaches it; summing each row separately gives every output L consumers, whose partial
     gradients TensorFlow computes as early as it can and holds until all have arrived (memory
     growing with the square of the depth: +1.0 GB at 30 layers in the benchmark's shapes).
+    In the pre-norm form the LayerNorm that stores an output is part of that op and is
+    recomputed in its backward pass, so the backward pass keeps each raw output once and not
+    also its normalised copy.
 
     Example:
       >>> dlcl = DynamicLinearCombination(2, 8, norm="pre")
@@ -241,30 +244,73 @@ def _upstream(args, upstream):
     return tuple(upstream)
 
 
-def _add_output(pending, stored, column):
-    """One history update as a single differentiable op (module docstring of
-    :class:`DLCLHistory`): ``new = pending[1:] + column (x) stored`` (``pending`` None: the
-    first output, ``new = column (x) stored``); returns ``(new, new[0])``, the latter computed
-    as a tensor of its own.
+def _normalised(x, epsilon):
+    """``(x - mean) / std`` over the last axis in float32, and ``1 / std``."""
+    x = ops.cast(x, "float32")
+    mean, variance = ops.moments(x, axes=[-1], keepdims=True)
+    inv_std = ops.rsqrt(variance + epsilon)
+    return (x - mean) * inv_std, inv_std
 
-    A custom gradient, so that the backward pass keeps only ``stored`` and ``column`` (the
+
+def _layer_norm(y, norm):
+    """The pre-norm LayerNorm ``norm = (gamma, beta, epsilon, dtype)`` of a stored output,
+    computed in float32 as ``keras.layers.LayerNormalization`` does."""
+    gamma, beta, epsilon, dtype = norm
+    x_hat, _ = _normalised(y, epsilon)
+    return ops.cast(x_hat * gamma + beta, dtype)
+
+
+def _layer_norm_backward(y, gamma, epsilon, d_output):
+    """Gradients of :func:`_layer_norm` w.r.t. ``y``, ``gamma`` and ``beta``, recomputing the
+    statistics from ``y``."""
+    x_hat, inv_std = _normalised(y, epsilon)
+    g = ops.cast(d_output, "float32")
+    depth = ops.shape(g)[-1]
+    flat_g = ops.reshape(g, (-1, depth))
+    d_gamma = ops.sum(flat_g * ops.reshape(x_hat, (-1, depth)), axis=0)
+    d_beta = ops.sum(flat_g, axis=0)
+    d_x_hat = g * gamma
+    d_y = inv_std * (d_x_hat - ops.mean(d_x_hat, axis=-1, keepdims=True)
+                     - x_hat * ops.mean(d_x_hat * x_hat, axis=-1, keepdims=True))
+    return ops.cast(d_y, y.dtype), d_gamma, d_beta
+
+
+def _add_output(pending, y, column, norm=None):
+    """One history update as a single differentiable op (module docstring of
+    :class:`DLCLHistory`): ``stored = LN(y)`` if ``norm`` is given (pre-norm: the LayerNorm
+    ``(gamma, beta, epsilon, dtype)`` of Eq. 8), else ``y``; then
+    ``new = pending[1:] + column (x) stored`` (``pending`` None: the first output,
+    ``new = column (x) stored``); returns ``(new, new[0])``, the latter computed as a tensor of
+    its own.
+
+    A custom gradient, so that the backward pass keeps only ``y`` and ``column`` (the
     gradient of the row slice would keep each ``pending`` stack for its shape), and no output
     is a view of a stack (TensorFlow slices the first axis without copying: a layer keeping
     its input for its gradient would keep the whole stack).  Either way the memory would grow
-    with the square of the depth.
+    with the square of the depth.  The pre-norm LayerNorm is part of the op and recomputed in
+    the backward pass, so its output is not kept either: one tensor per layer less (the
+    LayerNorm alone would keep ``y`` and this op its output).
     """
-    rank = len(stored.shape)
+    rank = len(y.shape)
+    has_previous = pending is not None
 
     def forward(*inputs):
-        *previous, stored, column = inputs
+        inputs = list(inputs)
+        previous = inputs.pop(0) if has_previous else None
+        y, column = inputs[:2]
+        if norm is not None:
+            gamma, beta = inputs[2:]
+            stored = _layer_norm(y, (gamma, beta) + tuple(norm[2:]))
+        else:
+            stored = y
         weights = ops.reshape(ops.cast(column, stored.dtype), (-1,) + (1,) * rank)
         new = weights * ops.expand_dims(stored, 0)
         # The completed row as a tensor of its own (``new[0]`` would be a view that keeps the
         # whole stack alive as long as the next layer keeps its input for its gradient).
         x = weights[0] * stored
-        if previous:
-            new = previous[0][1:] + new
-            x = previous[0][1] + x
+        if has_previous:
+            new = previous[1:] + new
+            x = previous[1] + x
 
         def grad(*args, upstream=None):
             d_new, d_x = _upstream(args, upstream)
@@ -272,19 +318,33 @@ def _add_output(pending, stored, column):
                 d_new = ops.zeros_like(new)
             if d_x is not None:  # x = new[0]
                 d_new = ops.concatenate([d_new[:1] + ops.expand_dims(d_x, 0), d_new[1:]], 0)
+            if norm is not None:  # recompute the stored output instead of keeping it
+                stored_again = _layer_norm(y, (gamma, beta) + tuple(norm[2:]))
+            else:
+                stored_again = y
             rows = ops.reshape(d_new, (ops.shape(d_new)[0], -1))               # [R, N]
             d_stored = ops.matmul(ops.cast(column, rows.dtype)[None, :], rows)  # [1, N]
-            d_stored = ops.reshape(d_stored, ops.shape(stored))
-            d_column = ops.matmul(rows, ops.reshape(ops.cast(stored, rows.dtype), (-1, 1)))
+            d_stored = ops.reshape(d_stored, ops.shape(y))
+            d_column = ops.matmul(rows, ops.reshape(ops.cast(stored_again, rows.dtype),
+                                                    (-1, 1)))
             d_column = ops.cast(d_column[:, 0], column.dtype)
-            if not previous:
-                return d_stored, d_column
-            d_previous = ops.pad(d_new, [[1, 0]] + [[0, 0]] * rank)
-            return d_previous, d_stored, d_column
+            grads = [d_stored, d_column]
+            if norm is not None:
+                d_y, d_gamma, d_beta = _layer_norm_backward(y, gamma, norm[2], d_stored)
+                grads = [d_y, d_column, d_gamma, d_beta]
+            if has_previous:
+                grads.insert(0, ops.pad(d_new, [[1, 0]] + [[0, 0]] * rank))
+            return tuple(grads)
 
         return (new, x), grad
 
-    inputs = (stored, column) if pending is None else (pending, stored, column)
+    inputs = [y, column]
+    if norm is not None:
+        # As tensors (read outside the op): TensorFlow's custom gradient would otherwise
+        # see variables used inside it and want their gradients by another route.
+        inputs += [ops.copy(norm[0]), ops.copy(norm[1])]
+    if has_previous:
+        inputs.insert(0, pending)
     return ops.custom_gradient(forward)(*inputs)
 
 
@@ -296,15 +356,16 @@ class DLCLHistory:
     next layer's input).  Each :meth:`add` drops the finished row and adds
     ``W[k+1:, k+1] * store(y_{k+1})`` to the others: one product and one sum per layer, each
     stored output used once, and (a custom gradient, :func:`_add_output`) nothing kept for the
-    backward pass but the stored outputs: memory linear in the depth.  The sums run over ``j``
-    in the same order as :meth:`DynamicLinearCombination.combine`.
+    backward pass but the raw outputs (pre-norm: the LayerNorm is recomputed from them): memory
+    linear in the depth.  The sums run over ``j`` in the same order as
+    :meth:`DynamicLinearCombination.combine`.
     """
 
     def __init__(self, dlcl: DynamicLinearCombination, y0, weights=None):
         self.dlcl = dlcl
         self.weights = dlcl.weight_matrix() if weights is None else weights
         self.row = 0
-        self.pending, self._next = _add_output(None, dlcl.store(y0, 0), self.weights[:, 0])
+        self.pending, self._next = _add_output(None, y0, self.weights[:, 0], self._store_norm(0))
 
     def next_input(self):
         """The completed row: the input of the next layer (after the last layer: row L, the
@@ -317,5 +378,13 @@ class DLCLHistory:
         if self.row >= self.dlcl.num_layers:
             raise ValueError(f"all {self.dlcl.num_layers} layer outputs were already added")
         self.row += 1
-        self.pending, self._next = _add_output(self.pending, self.dlcl.store(y, self.row),
-                                               self.weights[self.row:, self.row])
+        self.pending, self._next = _add_output(self.pending, y, self.weights[self.row:, self.row],
+                                               self._store_norm(self.row))
+
+    def _store_norm(self, index):
+        """``(gamma, beta, epsilon, dtype)`` of the LayerNorm that stores output ``index``
+        (pre-norm), else None (stored raw)."""
+        norm = self.dlcl._norm(index) if self.dlcl.norm == "pre" else None
+        if norm is None:
+            return None
+        return (norm.gamma, norm.beta, norm.epsilon, norm.compute_dtype)
