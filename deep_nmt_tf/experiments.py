@@ -140,15 +140,11 @@ class PlannedRun:
 
 def planned_runs(suite: Suite, only: Sequence[str] = (),
                  seeds: Sequence[int] = ()) -> List[PlannedRun]:
-    """The suite's runs (``only`` those named; ``seeds`` instead of the suite's)."""
-    unknown = [n for n in only if n not in {r.name for r in suite.runs}]
-    if unknown:
-        raise ValueError(f"--only: no run named {unknown[0]!r} in {suite.path} (runs: "
-                         f"{', '.join(r.name for r in suite.runs)})")
+    """The suite's runs (``seeds`` instead of the suite's).  ``only`` keeps those named: a
+    suite run's name (every seed of it) or a planned run's name (``deep_post-seed1``: that
+    seed alone)."""
     out = []
     for run in suite.runs:
-        if only and run.name not in only:
-            continue
         run_seeds = list(seeds or run.seeds or suite.seeds)
         for seed in run_seeds:
             name = run.name if len(run_seeds) == 1 else f"{run.name}-seed{seed}"
@@ -157,6 +153,13 @@ def planned_runs(suite: Suite, only: Sequence[str] = (),
                                   tuple(run.overrides),
                                   run.average_last if run.average_last > 0 else
                                   suite.average_last))
+    known = {r.name for r in suite.runs} | {p.name for p in out}
+    unknown = [n for n in only if n not in known]
+    if unknown:
+        raise ValueError(f"--only: no run named {unknown[0]!r} in {suite.path} (runs: "
+                         f"{', '.join(p.name for p in out)})")
+    if only:
+        out = [p for p in out if p.name in only or p.base in only]
     return out
 
 

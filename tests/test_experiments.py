@@ -45,6 +45,12 @@ def test_the_multi30k_suite_resolves_every_run():
         load_config(run.config)  # every run's config loads
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
+    # --only takes a suite run (all its seeds) or one seeded run by its name.
+    assert [r.name for r in planned_runs(suite, only=["deep_post"])] == [
+        "deep_post-seed1", "deep_post-seed2"]
+    picked = planned_runs(suite, only=["deep_post_transparent-seed1", "baseline"])
+    assert [(r.name, r.seed) for r in picked] == [("baseline", 1),
+                                                   ("deep_post_transparent-seed1", 1)]
 
 
 def test_suite_file_errors_name_the_key(tmp_path):

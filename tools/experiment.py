@@ -31,7 +31,8 @@ define_flags([
     (flags.DEFINE_string, "suite", None, "Suite file, or NAME for configs/NAME/suite.yaml."),
     (flags.DEFINE_string, "data_dir", None, "Directory of the suite's corpus files."),
     (flags.DEFINE_string, "output_dir", None, "Where runs, results and figures go."),
-    (flags.DEFINE_list, "only", [], "Only these runs (names of the suite file)."),
+    (flags.DEFINE_list, "only", [], "Only these runs: a run of the suite file (all its seeds) "
+                                    "or one seed of it by name, e.g. deep_post-seed1."),
     (flags.DEFINE_list, "seeds", [], "Seeds instead of the suite's (integers)."),
     (flags.DEFINE_integer, "max_steps", None, "Cap every run's training.train_steps."),
     (flags.DEFINE_multi_string, "extra_test", [], "NAME=SOURCE:REFERENCE, another test set "
