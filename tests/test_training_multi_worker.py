@@ -150,7 +150,11 @@ def test_two_workers_on_loopback(tmp_path):
 
         # 2. Only the chief wrote checkpoints and summaries.
         assert len(os.listdir(os.path.join(model_dir, "train"))) == 1
-        assert os.path.exists(os.path.join(model_dir, f"ckpt-{COMPARE_AT}.index"))
+        # (Under load the workers may be many steps further by now, with ckpt-4 rotated
+        # away: any chief checkpoint from step 4 on will do.)
+        saved = [int(n[len("ckpt-"):-len(".index")]) for n in os.listdir(model_dir)
+                 if n.startswith("ckpt-") and n.endswith(".index")]
+        assert saved and max(saved) >= COMPARE_AT, os.listdir(model_dir)
         # The other worker's temporary checkpoint directories are gone.
         assert not [n for n in os.listdir(os.path.join(tmp, "tmp1")) if "ckpt" in n]
 
