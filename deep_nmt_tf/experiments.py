@@ -29,7 +29,8 @@ translations and the scores are recorded in the run's ``experiment.json``.
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
 also has the reserved keys ``"training"``: updates, seconds, CPU seconds (of the updates this tool
 ran: ``timed_from_update`` says where its clock started), parameters, seed; and
-``"decoding"``: the beam, the chosen length penalty and its dev BLEU), ``results.md`` (the
+``"decoding"``: the beam, the chosen length penalty, its dev BLEU and ``dev_metric``, ``bleu``
+or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md`` (the
 table) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices, lexical
 shortcut gates, embedding-to-layer similarity).
 
@@ -83,7 +84,8 @@ class Suite:
     average_last: int = field(10, "Default number of last checkpoints averaged.", min=1)
     beam_size: int = field(5, "Beam size of the test translations.", min=1)
     length_penalties: Tuple[float, ...] = field((0.6,), "Length penalties tried on the dev "
-                                                "set; the best (dev BLEU) decodes the tests.")
+                                                "set; the best (dev BLEU, lowercased for a "
+                                                "data.lowercase model) decodes the tests.")
     grad_norm_ratio_runs: Tuple[str, ...] = field((), "Runs whose r_t curves share a figure.")
     probe_runs: Tuple[str, ...] = field((), "Runs of the embedding-to-layer similarity figure "
                                         "(Emelin et al. Fig. 6-7).")
@@ -292,15 +294,21 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
             tests: Dict[str, Tuple[str, str]], run_dir: str, state: _State,
             log: Callable) -> Dict[str, Dict]:
     from deep_nmt_tf.export.translator import Translator
+    from deep_nmt_tf.run_dir import RunDir
 
     translator = None
+    # The dev score that chooses the length penalty: cased BLEU, or lowercased BLEU for a
+    # model trained on lowercased text (it cannot produce case).
+    metric = "bleu_lc" if RunDir(model_dir).load_config().data.lowercase else "bleu"
     decoding = state.data.get("decoding")
-    if decoding is None or decoding.get("candidates") != list(suite.length_penalties):
+    if (decoding is None or decoding.get("candidates") != list(suite.length_penalties)
+            or decoding.get("metric", "bleu") != metric):
         translator = Translator.from_model_dir(model_dir)
         sources, refs = _read_lines(dev[0]), _read_lines(dev[1])
         # Penalties scored before (a grid that grew) are kept, not decoded again.
         earlier = (decoding or {}).get("tried", {})
-        if (decoding or {}).get("beam_size") != suite.beam_size:
+        if ((decoding or {}).get("beam_size") != suite.beam_size
+                or (decoding or {}).get("metric", "bleu") != metric):
             earlier = {}
         tried = {}
         for alpha in suite.length_penalties:
@@ -308,11 +316,12 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
                 tried[str(alpha)] = earlier[str(alpha)]
                 continue
             tried[str(alpha)] = score(_translate(translator, sources, suite.beam_size, alpha),
-                                      refs)["bleu"]
-            log(f"{run.name}: dev BLEU {tried[str(alpha)]:.2f} at length penalty {alpha}")
+                                      refs)[metric]
+            log(f"{run.name}: dev {'lowercased ' if metric == 'bleu_lc' else ''}BLEU "
+                f"{tried[str(alpha)]:.2f} at length penalty {alpha}")
         best = max(suite.length_penalties, key=lambda a: (tried[str(a)], -a))
         decoding = {"beam_size": suite.beam_size, "length_penalty": best,
-                    "dev_bleu": tried[str(best)], "tried": tried,
+                    "dev_bleu": tried[str(best)], "tried": tried, "metric": metric,
                     "candidates": list(suite.length_penalties)}
         state.data["decoding"] = decoding
         state.data.pop("tests", None)
@@ -355,6 +364,7 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
     out["training"] = dict(state.data["training"], averaged=len(state.data["averaged"]))
     out["decoding"] = {k: state.data["decoding"][k]
                        for k in ("beam_size", "length_penalty", "dev_bleu")}
+    out["decoding"]["dev_metric"] = state.data["decoding"].get("metric", "bleu")
     return out
 
 

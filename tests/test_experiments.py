@@ -131,3 +131,59 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     decoding = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))[
         "baseline"]["decoding"]
     assert decoding["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4, 1.6)
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_a_lowercased_model_gets_its_length_penalty_from_lowercased_dev_bleu(
+        tmp_path, monkeypatch, lowercase):
+    """A model trained on lowercased text cannot produce case: cased dev BLEU would prefer a
+    worse translation that happens to keep the case. The choice is made on lowercased BLEU (and
+    recorded), and a run tuned on cased BLEU before is tuned again."""
+    import dataclasses
+    import types
+
+    from deep_nmt_tf import run_dir
+    from deep_nmt_tf.experiments import PlannedRun, _decode, _State
+    from deep_nmt_tf.export import translator as translator_lib
+
+    refs = ["Ein Hund rennt über die Wiese .", "Zwei Männer sitzen vor dem Haus ."]
+    srcs = ["a dog runs across the meadow .", "two men sit in front of the house ."]
+    paths = {}
+    for name, lines in (("src", srcs), ("ref", refs)):
+        paths[name] = str(tmp_path / name)
+        with open(paths[name], "w", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+
+    class Translator:  # alpha 1.0: the references lowercased; 0.6: cased, one word wrong each
+        def translate(self, sentences, beam_size, length_penalty):
+            out = ([r.lower() for r in refs] if length_penalty == 1.0 else
+                   [r.replace("Hund", "Pferd").replace("Haus", "Zelt") for r in refs])
+            return [[types.SimpleNamespace(text=t)] for t in out]
+
+    class RunDir:
+        def __init__(self, path):
+            pass
+
+        def load_config(self):
+            return types.SimpleNamespace(data=types.SimpleNamespace(lowercase=lowercase))
+
+    monkeypatch.setattr(run_dir, "RunDir", RunDir)
+    monkeypatch.setattr(translator_lib.Translator, "from_model_dir",
+                        staticmethod(lambda path: Translator()))
+    suite = dataclasses.replace(load_suite(find_suite(SUITE)), length_penalties=(0.6, 1.0),
+                                beam_size=2)
+    run = PlannedRun("r", "r", "c.yaml", 1, (), 1)
+    state = _State(str(tmp_path / "experiment.json"))
+    # As recorded by a version that always tuned on cased BLEU.
+    state.data["decoding"] = {"beam_size": 2, "length_penalty": 0.6, "dev_bleu": 1.0,
+                              "tried": {"0.6": 1.0, "1.0": 0.0}, "candidates": [0.6, 1.0]}
+    results = _decode(run, suite, "model", (paths["src"], paths["ref"]),
+                      {"test2016": (paths["src"], paths["ref"])}, str(tmp_path), state,
+                      log=lambda message: None)
+    decoding = state.data["decoding"]
+    if lowercase:
+        assert decoding["metric"] == "bleu_lc" and decoding["length_penalty"] == 1.0
+        assert decoding["dev_bleu"] == pytest.approx(100.0)
+        assert results["test2016"]["bleu_lc"] == pytest.approx(100.0)
+    else:  # a cased model keeps the earlier choice (nothing decoded again)
+        assert decoding["length_penalty"] == 0.6 and decoding["tried"]["0.6"] == 1.0

@@ -58,6 +58,20 @@ def test_evaluator_reproduces_sacrebleu_on_fixed_files(tmp_path):
         corpus_scores(["a"], ["a", "b"])
 
 
+def test_scores_of_a_lowercased_model_are_case_insensitive():
+    """deep-nmt-evaluate and the dev BLEU of training score a model trained on lowercased
+    text (data.lowercase) case-insensitively, and the signature says so."""
+    from deep_nmt_tf.training.metrics import corpus_bleu
+
+    lowered = [r.lower() for r in REFERENCES]
+    scores = corpus_scores(lowered, REFERENCES, lowercase=True)
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
+    assert "case:lc" in scores["bleu_signature"] and "case:lc" in scores["tok_bleu_signature"]
+    assert corpus_scores(lowered, REFERENCES)["bleu"] < 100.0
+    assert corpus_bleu(lowered, REFERENCES, lowercase=True) == pytest.approx(100.0)
+    assert corpus_bleu(lowered, REFERENCES) < 100.0
+
+
 def test_checkpoint_window_and_stats():
     # Best dev at index 4; a window of 3 is centred on it, shifted inwards at the ends.
     dev = [1.0, 2.0, 3.0, 3.5, 4.0, 3.9, 1.0]

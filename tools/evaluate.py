@@ -128,7 +128,9 @@ def evaluate_translator(translator, source_path: str, reference_path: str,
         if output is not None:
             output.writelines(text.replace("\n", " ") + "\n" for text in texts)
             output.flush()
-    scores = corpus_scores(hypotheses, references, tokenized_bleu_tokenize)
+    # A model trained on lowercased text cannot produce case: score it case-insensitively.
+    scores = corpus_scores(hypotheses, references, tokenized_bleu_tokenize,
+                           lowercase=translator.config.data.lowercase)
     scores["hypotheses"] = hypotheses
     return scores
 

@@ -27,7 +27,8 @@ TOKENIZED_BLEU_TOKENIZE = "intl"
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
-                  tokenized_bleu_tokenize: str = TOKENIZED_BLEU_TOKENIZE) -> Dict[str, object]:
+                  tokenized_bleu_tokenize: str = TOKENIZED_BLEU_TOKENIZE,
+                  lowercase: bool = False) -> Dict[str, object]:
     """sacreBLEU BLEU, chrF and tokenized BLEU of one system against one reference.
 
     Args:
@@ -35,6 +36,8 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
       references: the reference translations (same length).
       tokenized_bleu_tokenize: sacreBLEU tokeniser of the tokenized BLEU (``intl``; ``13a``
         or ``none`` for text that is already tokenised).
+      lowercase: case-insensitive scores (the signatures say ``case:lc``), for a model trained
+        on lowercased text (``data.lowercase``).
 
     Returns:
       dict with floats ``bleu``, ``chrf``, ``tok_bleu``, signature strings ``bleu_signature``,
@@ -50,8 +53,9 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     out: Dict[str, object] = {}
-    for key, metric in (("bleu", BLEU()), ("chrf", CHRF()),
-                        ("tok_bleu", BLEU(tokenize=tokenized_bleu_tokenize))):
+    for key, metric in (("bleu", BLEU(lowercase=lowercase)), ("chrf", CHRF(lowercase=lowercase)),
+                        ("tok_bleu", BLEU(tokenize=tokenized_bleu_tokenize,
+                                          lowercase=lowercase))):
         result = metric.corpus_score(hypotheses, [references])
         out[key] = float(result.score)
         out[f"{key}_signature"] = str(metric.get_signature())

@@ -1,7 +1,8 @@
 """What the runner measures besides the training step: dev evaluation and model diagnostics.
 
 :class:`Evaluator` computes the dev loss, NLL, perplexity and, with ``training.eval_bleu``,
-sacreBLEU of greedy decoding.  Greedy decoding is :func:`deep_nmt_tf.decoding.search.search`
+sacreBLEU of greedy decoding (case-insensitive when ``data.lowercase``: such a model cannot
+produce case).  Greedy decoding is :func:`deep_nmt_tf.decoding.search.search`
 with beam size 1 and the per-sentence length limit ``floor(a * n + b)`` of
 ``decoding.max_length_a`` / ``decoding.max_length_b`` (``n`` = source tokens), the search and
 the rule that ``deep-nmt-translate`` and ``deep-nmt-evaluate`` use; it runs in a
@@ -91,7 +92,8 @@ class Evaluator:
         results = {"loss": totals[0] / tokens, "nll": totals[1] / tokens,
                    "perplexity": math.exp(min(totals[1] / tokens, 100.0))}
         if references:
-            results["bleu"] = metrics.corpus_bleu(hypotheses, references)
+            results["bleu"] = metrics.corpus_bleu(
+                hypotheses, references, lowercase=trainer.config.data.lowercase)
         return {k: float(v) for k, v in results.items()}, gates
 
     def evaluate(self, step: int, writer=None) -> Dict[str, float]:

@@ -26,14 +26,17 @@ def strip_ids(ids: Sequence[int]) -> List[int]:
     return out
 
 
-def corpus_bleu(hypotheses: Iterable[str], references: Iterable[str]) -> float:
-    """sacreBLEU corpus BLEU (default 13a tokenisation) of detokenised text, one reference."""
+def corpus_bleu(hypotheses: Iterable[str], references: Iterable[str],
+                lowercase: bool = False) -> float:
+    """sacreBLEU corpus BLEU (default 13a tokenisation) of detokenised text, one reference;
+    case-insensitive with ``lowercase`` (for a model trained on lowercased text, which cannot
+    produce case)."""
     import sacrebleu
 
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
 
 
 def _scalar_metadata():
