@@ -36,6 +36,8 @@ import logging
 import math
 import os
 import re
+import shlex
+import signal
 import sys
 import tempfile
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -45,7 +47,7 @@ from absl import logging as absl_logging
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
            "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
-           "parse_flags_with_compilation_cache"]
+           "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -98,6 +100,23 @@ def parse_flags_with_compilation_cache(argv: Sequence[str]):
     if flags.FLAGS.jit_compile:
         enable_compilation_cache(flags.FLAGS.compilation_cache)
     return args
+
+
+def resume_command(drop: Sequence[str] = ()) -> str:
+    """The running tool's command line, quoted for a shell, without the arguments in ``drop``
+    (``python tools/x.py`` and ``python -m`` runs get the interpreter in front)."""
+    argv = [a for a in sys.argv if a not in drop]
+    if argv and argv[0].endswith(".py"):
+        argv.insert(0, sys.executable)
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def exit_interrupted(tool: str, error, drop: Sequence[str] = ()) -> None:
+    """Ends a tool whose training stopped on a signal (a ``TrainingInterrupted``, which has
+    saved a checkpoint): its message and the command that resumes on stderr, no traceback, exit
+    status 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)."""
+    print(f"{tool}: {error}\n{tool}: resume with: {resume_command(drop)}", file=sys.stderr)
+    sys.exit(128 + int(getattr(signal, getattr(error, "signal_name", ""), signal.SIGTERM)))
 
 
 def _kind(flag) -> str:

@@ -187,3 +187,40 @@ def test_a_lowercased_model_gets_its_length_penalty_from_lowercased_dev_bleu(
         assert results["test2016"]["bleu_lc"] == pytest.approx(100.0)
     else:  # a cased model keeps the earlier choice (nothing decoded again)
         assert decoding["length_penalty"] == 0.6 and decoding["tried"]["0.6"] == 1.0
+
+
+@pytest.mark.parametrize("raised,code,says", [
+    ("interrupted", 143, "resume with: "),
+    ("keyboard", 130, "run the same command again to continue"),
+    ("diverged", 1, "experiment: error: training stopped"),
+])
+def test_a_signal_or_a_diverged_run_ends_the_tool_with_a_message_not_a_traceback(
+        tmp_path, monkeypatch, capsys, raised, code, says):
+    """SIGTERM while a run trains: the checkpoint is saved by the runner, and the tool says how
+    to resume (exit 143), as deep-nmt-train does; Ctrl-C between stages exits 130; a diverged
+    run is an error (exit 1)."""
+    from absl import flags
+
+    from deep_nmt_tf import experiments
+    from deep_nmt_tf.tools import experiment as tool
+    from deep_nmt_tf.training import TrainingDiverged, TrainingInterrupted
+
+    def run_suite(*args, **kwargs):
+        if raised == "interrupted":
+            raise TrainingInterrupted("SIGTERM", 7, str(tmp_path / "ckpt-7"))
+        if raised == "keyboard":
+            raise KeyboardInterrupt()
+        raise TrainingDiverged("training stopped: the last 4 updates were all skipped")
+
+    monkeypatch.setattr(experiments, "run_suite", run_suite)
+    flags.FLAGS.unparse_flags()
+    argv = flags.FLAGS(["experiment", "--suite=multi30k", f"--data_dir={tmp_path}",
+                        f"--output_dir={tmp_path / 'out'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main(argv)
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+    if raised == "interrupted":
+        assert "experiment: interrupted by SIGTERM at step 7" in err
+        assert "experiment: resume with: " in err

@@ -74,6 +74,8 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
 
+    from deep_nmt_tf.training import TrainingDiverged, TrainingInterrupted, WorkerLost
+
     try:
         suite = load_suite(find_suite(FLAGS.suite))
         results = run_suite(suite, FLAGS.data_dir, FLAGS.output_dir, only=FLAGS.only,
@@ -81,6 +83,15 @@ def main(argv: Sequence[str]) -> None:
                             overrides=FLAGS.override)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved
+        cli.exit_interrupted("experiment", e)
+    except (TrainingDiverged, WorkerLost) as e:
+        print(f"experiment: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:  # Between stages (averaging, decoding): each resumes as a whole.
+        print("experiment: interrupted; run the same command again to continue (finished "
+              f"stages are kept): {cli.resume_command()}", file=sys.stderr)
+        sys.exit(130)
     for name, entry in results.items():
         scores = ", ".join(f"{test} {s['bleu_lc']:.2f} lc / {s['bleu']:.2f} cased"
                            for test, s in entry.items() if test not in ("training", "decoding"))

@@ -27,8 +27,6 @@ Ctrl-C) after an interruption that saved a checkpoint.
 
 from __future__ import annotations
 
-import shlex
-import signal
 import sys
 from typing import Sequence
 
@@ -111,12 +109,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         results = trainer.runner.run()
     except TrainingInterrupted as e:
-        argv = [a for a in sys.argv if a != "--start_over"]
-        if argv[0].endswith(".py"):  # python -m deep_nmt_tf.tools.train, python tools/train.py
-            argv.insert(0, sys.executable)
-        command = " ".join(shlex.quote(a) for a in argv)
-        print(f"train: {e}\ntrain: resume with: {command}", file=sys.stderr)
-        sys.exit(128 + getattr(signal, e.signal_name, signal.SIGTERM))
+        cli.exit_interrupted("train", e, drop=("--start_over",))
     except (TrainingDiverged, WorkerLost) as e:
         print(f"train: error: {e}", file=sys.stderr)
         sys.exit(1)
