@@ -301,15 +301,13 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
     # model trained on lowercased text (it cannot produce case).
     metric = "bleu_lc" if RunDir(model_dir).load_config().data.lowercase else "bleu"
     decoding = state.data.get("decoding")
-    if (decoding is None or decoding.get("candidates") != list(suite.length_penalties)
-            or decoding.get("metric", "bleu") != metric):
+    same_metric = decoding is not None and decoding.get("metric", "bleu") == metric
+    if not same_metric or decoding.get("candidates") != list(suite.length_penalties):
         translator = Translator.from_model_dir(model_dir)
         sources, refs = _read_lines(dev[0]), _read_lines(dev[1])
         # Penalties scored before (a grid that grew) are kept, not decoded again.
-        earlier = (decoding or {}).get("tried", {})
-        if ((decoding or {}).get("beam_size") != suite.beam_size
-                or (decoding or {}).get("metric", "bleu") != metric):
-            earlier = {}
+        earlier = (decoding.get("tried", {}) if same_metric
+                   and decoding.get("beam_size") == suite.beam_size else {})
         tried = {}
         for alpha in suite.length_penalties:
             if str(alpha) in earlier:

@@ -73,7 +73,6 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
-
     from deep_nmt_tf.training import TrainingDiverged, TrainingInterrupted, WorkerLost
 
     try:

@@ -252,27 +252,18 @@ def _normalised(x, epsilon):
     return (x - mean) * inv_std, inv_std
 
 
-def _layer_norm(y, norm):
-    """The pre-norm LayerNorm ``norm = (gamma, beta, epsilon, dtype)`` of a stored output,
-    computed in float32 as ``keras.layers.LayerNormalization`` does."""
-    gamma, beta, epsilon, dtype = norm
-    x_hat, _ = _normalised(y, epsilon)
-    return ops.cast(x_hat * gamma + beta, dtype)
-
-
-def _layer_norm_backward(y, gamma, epsilon, d_output):
-    """Gradients of :func:`_layer_norm` w.r.t. ``y``, ``gamma`` and ``beta``, recomputing the
-    statistics from ``y``."""
-    x_hat, inv_std = _normalised(y, epsilon)
+def _layer_norm_backward(x_hat, inv_std, gamma, d_output):
+    """Gradients of the LayerNorm ``x_hat * gamma + beta`` (``x_hat, inv_std`` from
+    :func:`_normalised`) w.r.t. its input (float32), ``gamma`` and ``beta``."""
     g = ops.cast(d_output, "float32")
     depth = ops.shape(g)[-1]
     flat_g = ops.reshape(g, (-1, depth))
     d_gamma = ops.sum(flat_g * ops.reshape(x_hat, (-1, depth)), axis=0)
     d_beta = ops.sum(flat_g, axis=0)
     d_x_hat = g * gamma
-    d_y = inv_std * (d_x_hat - ops.mean(d_x_hat, axis=-1, keepdims=True)
-                     - x_hat * ops.mean(d_x_hat * x_hat, axis=-1, keepdims=True))
-    return ops.cast(d_y, y.dtype), d_gamma, d_beta
+    d_input = inv_std * (d_x_hat - ops.mean(d_x_hat, axis=-1, keepdims=True)
+                         - x_hat * ops.mean(d_x_hat * x_hat, axis=-1, keepdims=True))
+    return d_input, d_gamma, d_beta
 
 
 def _add_output(pending, y, column, norm=None):
@@ -298,11 +289,15 @@ def _add_output(pending, y, column, norm=None):
         inputs = list(inputs)
         previous = inputs.pop(0) if has_previous else None
         y, column = inputs[:2]
-        if norm is not None:
-            gamma, beta = inputs[2:]
-            stored = _layer_norm(y, (gamma, beta) + tuple(norm[2:]))
-        else:
-            stored = y
+        gamma, beta = inputs[2:] if norm is not None else (None, None)
+
+        def store():  # pre-norm: LN(y), computed in float32 as Keras' LayerNormalization does
+            if norm is None:
+                return y, None, None
+            x_hat, inv_std = _normalised(y, norm[2])
+            return ops.cast(x_hat * gamma + beta, norm[3]), x_hat, inv_std
+
+        stored, _, _ = store()
         weights = ops.reshape(ops.cast(column, stored.dtype), (-1,) + (1,) * rank)
         new = weights * ops.expand_dims(stored, 0)
         # The completed row as a tensor of its own (``new[0]`` would be a view that keeps the
@@ -318,10 +313,7 @@ def _add_output(pending, y, column, norm=None):
                 d_new = ops.zeros_like(new)
             if d_x is not None:  # x = new[0]
                 d_new = ops.concatenate([d_new[:1] + ops.expand_dims(d_x, 0), d_new[1:]], 0)
-            if norm is not None:  # recompute the stored output instead of keeping it
-                stored_again = _layer_norm(y, (gamma, beta) + tuple(norm[2:]))
-            else:
-                stored_again = y
+            stored_again, x_hat, inv_std = store()  # recomputed instead of kept
             rows = ops.reshape(d_new, (ops.shape(d_new)[0], -1))               # [R, N]
             d_stored = ops.matmul(ops.cast(column, rows.dtype)[None, :], rows)  # [1, N]
             d_stored = ops.reshape(d_stored, ops.shape(y))
@@ -330,8 +322,8 @@ def _add_output(pending, y, column, norm=None):
             d_column = ops.cast(d_column[:, 0], column.dtype)
             grads = [d_stored, d_column]
             if norm is not None:
-                d_y, d_gamma, d_beta = _layer_norm_backward(y, gamma, norm[2], d_stored)
-                grads = [d_y, d_column, d_gamma, d_beta]
+                d_y, d_gamma, d_beta = _layer_norm_backward(x_hat, inv_std, gamma, d_stored)
+                grads = [ops.cast(d_y, y.dtype), d_column, d_gamma, d_beta]
             if has_previous:
                 grads.insert(0, ops.pad(d_new, [[1, 0]] + [[0, 0]] * rank))
             return tuple(grads)
