@@ -142,8 +142,9 @@ def test_batches_respect_batch_tokens(default_batches):
     assert np.mean(used) >= BATCH_TOKENS / 3
 
 
-def test_jit_compile_pads_to_bucket_bounds(corpus, tokenizer):
-    config = _config(corpus, jit_compile=True)
+@pytest.mark.parametrize("key", ["jit_compile", "static_shapes"])
+def test_fixed_shape_training_pads_to_bucket_bounds(corpus, tokenizer, key):
+    config = _config(corpus, **{key: True})
     bounds = pipeline.bucket_upper_bounds(64, config.data.num_buckets)
     batches = _batches(pipeline.make_train_dataset(config, tokenizer), 30)
     _check_batch_tokens(batches, BATCH_TOKENS)

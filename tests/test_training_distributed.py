@@ -62,7 +62,11 @@ SCRIPT = textwrap.dedent("""
     default, logs_d = run(make_strategy("default"), 1, "{tmp}/default")
     replicas, logs_m = run(mirrored, 2, "{tmp}/mirrored")
     accumulated, logs_a = run(mirrored, 4, "{tmp}/accumulated", gradient_accumulation_steps=2)
-    for other, logs in ((replicas, logs_m), (accumulated, logs_a)):
+    # training.static_shapes: the micro-batches enter per-shape traced functions as
+    # distributed values (taken from the distributed iterator outside the function).
+    per_shape, logs_s = run(mirrored, 4, "{tmp}/static", gradient_accumulation_steps=2,
+                            static_shapes=True)
+    for other, logs in ((replicas, logs_m), (accumulated, logs_a), (per_shape, logs_s)):
         for a, b in zip(logs_d, logs):
             for key in ("loss", "num_tokens", "num_sentences", "grad_norm", "learning_rate"):
                 np.testing.assert_allclose(a[key], b[key], rtol=2e-6, err_msg=key)

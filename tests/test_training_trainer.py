@@ -1,5 +1,6 @@
 """The training loop: learning, accumulation, exact resume after a kill, config checks."""
 
+import logging
 import os
 import textwrap
 
@@ -12,8 +13,9 @@ from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.decoding.search import search
 from deep_nmt_tf.training import metrics, optimizers
 from deep_nmt_tf.training import losses as losses_lib
-from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class, optimizer_state,
-                                   run_python, tiny_config, weights)
+from test_training_helpers import (NO_DROPOUT, copy_batch, make_batches, make_trainer_class,
+                                   optimizer_state, run_python, split_batch, tiny_config,
+                                   weights)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +128,43 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
             np.testing.assert_allclose(a[key], b[key], rtol=2e-6, err_msg=key)
     for a, b in zip(weights(one), weights(two)):
         np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_static_shapes_step_equals_the_dynamic_one(tmp_path):
+    """training.static_shapes: micro-batches of different widths, each its own traced call,
+    accumulated into the same updates as the one-function step."""
+    rng = np.random.RandomState(3)  # Six batch sizes: six shapes per traced function.
+    batches = [copy_batch(rng, size) for size in (4, 6, 8, 10, 12, 14)]
+    common = dict(train_steps=6, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=100,
+                  gradient_accumulation_steps=2)
+    cls = make_trainer_class(batches, split=2)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("tensorflow").addHandler(handler)  # TensorFlow's retracing warnings
+    runs = {}
+    for static in (False, True):
+        trainer = cls(tiny_config(NO_DROPOUT, static_shapes=static, **common),
+                      str(tmp_path / str(static)))
+        logs = []
+        trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+        runs[static] = trainer, logs
+    (dynamic, logs_d), (static, logs_s) = runs[False], runs[True]
+    assert int(static.data_position.numpy()) == 12 and int(static.optimizer.iterations.numpy()) == 6
+    for a, b in zip(logs_d, logs_s):
+        for key in ("loss", "num_tokens", "num_sentences", "grad_norm"):
+            np.testing.assert_allclose(a[key], b[key], rtol=2e-6, err_msg=key)
+    for a, b in zip(weights(dynamic), weights(static)):
+        np.testing.assert_allclose(a, b, atol=2e-6)
+    # One trace per micro-batch shape (split pieces have their own widths).
+    widths = {tuple(p["source_ids"].shape) + tuple(p["target_input_ids"].shape)
+              for b in batches for p in split_batch(b, 2)}
+    traces = (static._update_fn.experimental_get_tracing_count() +
+              static._accumulate_fn.experimental_get_tracing_count())
+    assert 1 < traces <= 2 * len(widths)
+    logging.getLogger("tensorflow").removeHandler(handler)
+    warned = [r.getMessage() for r in records]  # The retracing is intended: no warning.
+    assert not [m[:160] for m in warned if "triggered tf.function retracing" in m and "_batch" in m]
 
 
 def test_sentence_normalisation_and_skipped_updates(tmp_path):

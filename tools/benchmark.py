@@ -15,7 +15,9 @@ configuration runs in its own process so peak memory is its own::
 JSON line, and the last line is a JSON list of all of them.  Training honours
 ``training.precision`` (``--override=training.precision=mixed_bfloat16``); each line carries
 ``train_flops_per_step`` (the peer harness's count: 6 FLOPs per weight per token it sees, plus
-the attention products), from which BENCHMARKS.md derives the MFU.
+the attention products), from which BENCHMARKS.md derives the MFU.  The batches have fixed
+static shapes, as a run with ``training.static_shapes`` has per bucket; ``--unknown_shapes``
+gives the step the ``[None, None]`` batches of a run without it.
 
 Decoding (``--mode=decode``, :func:`benchmark_decode`): generated tokens/s of greedy and beam
 search with random weights, at the shapes and conventions of the peer benchmarks
@@ -29,8 +31,9 @@ untimed warm-up call that also compiles).  Two paths are timed: ``translator``, 
 :class:`~deep_nmt_tf.export.translator.TranslationModule`'s compiled search on prepared ids (what
 ``Translator.translate`` runs per batch), and ``saved_model``, the exported SavedModel
 (``translate_ids`` signature, which also prepares the source in the graph) reloaded with
-``tf.saved_model.load``.  XLA is on for decoding with ``--jit_compile``; ``--precision=bfloat16`` (or ``float16``) rounds
-the weights and runs the search in that precision, as ``deep-nmt-translate --precision`` does::
+``tf.saved_model.load``.  XLA is on for decoding with ``--jit_compile``;
+``--precision=bfloat16`` (or ``float16``) rounds the weights and runs the search in that
+precision, as ``deep-nmt-translate --precision`` does::
 
     deep-nmt-benchmark --mode=decode --config=base --jit_compile [--precision=bfloat16]
 
@@ -106,6 +109,9 @@ define_flags([
     (flags.DEFINE_bool, "jit_compile", False, "Compile the training step with XLA."),
     (flags.DEFINE_integer, "threads", 0, "intra/inter-op threads (0: TensorFlow's default)."),
     (flags.DEFINE_string, "output", None, "Also append the JSON results to this file."),
+    (flags.DEFINE_bool, "unknown_shapes", False,
+     "Training: give the step batches of unknown static shape ([None, None]), as a real run's "
+     "length-bucketed input does, instead of the fixed [64, 32] batches."),
     (flags.DEFINE_bool, "child", False, "Internal: run one configuration in this process."),
     PRECISION_FLAG,
 ])
@@ -186,6 +192,10 @@ def _train_child(name):
                                                                        vocab_size=VOCAB))
 
         def build_train_dataset(self, input_context):
+            if FLAGS.unknown_shapes:  # the same batches, with the element spec of a real run
+                spec = {k: tf.TensorSpec([None, None], tf.int32) for k in batches[0]}
+                return tf.data.Dataset.from_generator(lambda: iter(batches),
+                                                      output_signature=spec).repeat()
             return tf.data.Dataset.from_tensor_slices(
                 {k: np.stack([b[k] for b in batches]) for k in batches[0]}).repeat()
 
@@ -216,6 +226,7 @@ def _train_child(name):
         "peak_rss_mib": round(peak_kb / 1024, 1),
         "peak_rss_mib_before_model": round(rss_before / 1024, 1),
         "parameters": params, "jit_compile": FLAGS.jit_compile,
+        "unknown_shapes": FLAGS.unknown_shapes,
         "precision": config.training.precision,
         "train_flops_per_step": train_flops_per_step(config),
         "batch": [BATCH, SRC_LEN, TGT_LEN], "vocab": VOCAB,
@@ -229,7 +240,8 @@ def _run_children(names):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--mode={FLAGS.mode}",
                f"--config={name}", f"--steps={FLAGS.steps}", f"--repeats={FLAGS.repeats}",
                f"--warmup={FLAGS.warmup}", f"--jit_compile={FLAGS.jit_compile}",
-               f"--threads={FLAGS.threads}"] + [f"--override={o}" for o in FLAGS.override]
+               f"--threads={FLAGS.threads}", f"--unknown_shapes={FLAGS.unknown_shapes}"
+               ] + [f"--override={o}" for o in FLAGS.override]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
         if proc.returncode or not lines:

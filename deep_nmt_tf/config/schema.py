@@ -186,6 +186,11 @@ class TrainingConfig:
                                    "lexical-shortcut gates on a fixed batch (0: every "
                                    "log_every steps).", min=0)
     jit_compile: bool = field(False, "Compile the training step with XLA.")
+    static_shapes: bool = field(False, "Pad every training batch to its length bucket's bound "
+                                "and trace the step once per batch shape, so that each "
+                                "traced step sees fixed shapes (faster on CPU, more so in "
+                                "mixed_bfloat16: BENCHMARKS.md), instead of one step for "
+                                "batches of any shape.")
     precision: str = field("float32", "Keras dtype policy of the model: 'float32', "
                            "'mixed_bfloat16' or 'mixed_float16' (float32 variables and "
                            "checkpoints, half-precision activations; softmax, LayerNorm "

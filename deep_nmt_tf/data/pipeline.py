@@ -10,8 +10,9 @@ Training batches are formed by *tokens*: examples are grouped into ``data.num_bu
 buckets by ``L = max(S, T)`` (lengths include EOS/BOS); a bucket whose longest allowed ``L`` is
 ``u`` emits batches of ``max(1, batch_tokens // (2 u))`` examples, so every batch satisfies
 ``B * (S_padded + T_padded) <= batch_tokens`` unless a single example alone is longer.  With
-``training.jit_compile`` batches are padded to their bucket's ``u`` (a small, fixed set of shapes
-for XLA); otherwise to the longest example in the batch.
+``training.jit_compile`` or ``training.static_shapes`` batches are padded to their bucket's ``u``
+(a small, fixed set of shapes, for XLA or a step traced per shape); otherwise to the longest
+example in the batch.
 
 Typical use::
 
@@ -169,7 +170,7 @@ def make_train_dataset(config, tokenizer: Tokenizer,
         element_length_func=bucket_length,
         bucket_boundaries=[b + 1 for b in bounds],
         bucket_batch_sizes=sizes + [batch_size_multiple],  # Last bucket: never used.
-        pad_to_bucket_boundary=training.jit_compile)
+        pad_to_bucket_boundary=training.jit_compile or training.static_shapes)
     return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
 
 

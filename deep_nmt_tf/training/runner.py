@@ -64,6 +64,7 @@ The runner imports no trainer class: it drives any object with the attributes th
 from __future__ import annotations
 
 import dataclasses
+import logging as py_logging
 import math
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
@@ -80,7 +81,36 @@ from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics
 from deep_nmt_tf.training import warm_start as warm_start_lib
 
-__all__ = ["prepare_run", "PeriodicAction", "Runner", "TrainHook"]
+__all__ = ["prepare_run", "PeriodicAction", "Runner", "TrainHook", "quiet_expected_retracing"]
+
+
+class _ExpectedRetracing(py_logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warnings about the named functions."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = set(names)
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message and
+                    any(name in message for name in self.names))
+
+
+def quiet_expected_retracing(*names: str) -> None:
+    """Silences TensorFlow's retracing warnings for functions whose names contain one of
+    ``names`` (``training.static_shapes`` traces its step once per batch shape on purpose),
+    and logs once that the first updates are slower for it."""
+    tf_logger = py_logging.getLogger("tensorflow")
+    known = [f for f in tf_logger.filters if isinstance(f, _ExpectedRetracing)]
+    if known and known[0].names.issuperset(names):
+        return
+    if not known:
+        known = [_ExpectedRetracing(())]
+        tf_logger.addFilter(known[0])
+    known[0].names.update(names)
+    logging.info("training.static_shapes: the step is traced once per batch shape (one per "
+                 "length bucket), so the first updates are slower")
 
 #: ``hook(trainer, step, logs)`` called after every update (after logging, checkpointing and
 #: evaluation of that step); ``logs`` holds the step's float metrics.

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["STRATEGIES", "make_strategy", "is_chief"]
+__all__ = ["STRATEGIES", "make_strategy", "is_chief", "distributed_iterator"]
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
@@ -80,3 +80,20 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
         return True
     cluster = resolver.cluster_spec().as_dict()
     return task_type == "worker" and task_id == 0 and "chief" not in cluster
+
+
+def distributed_iterator(strategy: tf.distribute.Strategy,
+                         build_dataset: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+                         skip: int = 0):
+    """An iterator over ``build_dataset``'s data distributed by ``strategy`` (one pipeline per
+    worker), after dropping the first ``skip`` micro-batches of every replica."""
+
+    def dataset_fn(input_context):
+        dataset = build_dataset(input_context)
+        if skip:
+            per_pipeline = (input_context.num_replicas_in_sync //
+                            max(input_context.num_input_pipelines, 1))
+            dataset = dataset.skip(skip * per_pipeline)
+        return dataset
+
+    return iter(strategy.distribute_datasets_from_function(dataset_fn))

@@ -54,7 +54,7 @@ from deep_nmt_tf.training import runner as runner_lib
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
 from deep_nmt_tf.training.runner import TrainHook
-from deep_nmt_tf.training.strategy import is_chief
+from deep_nmt_tf.training.strategy import distributed_iterator, is_chief
 
 __all__ = ["Trainer", "TrainHook"]
 
@@ -122,6 +122,7 @@ class Trainer:
                                              write=self.is_chief)
         t = self.config.training
         self.accumulation_steps = t.gradient_accumulation_steps
+        self._warned_unused = False
         keras.utils.set_random_seed(t.seed)
 
         with self.strategy.scope():
@@ -171,6 +172,14 @@ class Trainer:
             compute = tf.function(compute, jit_compile=True, reduce_retracing=True)
         self._compute_gradients_fn = compute
         self._train_step_fn = tf.function(self._train_step)
+        # training.static_shapes: micro-batches taken from the iterator eagerly, each one call
+        # of a function traced once per batch shape (bucket bound), retracing unreported.
+        self._per_shape = t.static_shapes
+        if self._per_shape:
+            runner_lib.quiet_expected_retracing("Trainer._update_batch",
+                                                "Trainer._accumulate_batch")
+        self._accumulate_fn = tf.function(self._accumulate_batch)
+        self._update_fn = tf.function(self._update_batch)
         self.runner = runner_lib.Runner(self, checkpoint_iterator=checkpoint_iterator,
                                         start_over=start_over)
 
@@ -280,7 +289,8 @@ class Trainer:
         grads = tape.gradient(loss, list(variables) + watched)
         grads, watched_grads = grads[:len(variables)], grads[len(variables):]
         unused = [getattr(v, "path", v.name) for g, v in zip(grads, variables) if g is None]
-        if unused:  # Runs once, while tracing.
+        if unused and not self._warned_unused:  # Runs while tracing.
+            self._warned_unused = True
             logging.warning("Trainable variables that the loss does not depend on (they will "
                             "not change): %s", ", ".join(unused))
         grads = [_densify(g, v) for g, v in zip(grads, variables)]
@@ -354,11 +364,17 @@ class Trainer:
 
     def _train_step(self, iterator, diagnostics=False):
         if self.accumulation_steps > 1:
-            accumulate = functools.partial(self._accumulate_replica, diagnostics=diagnostics)
             for _ in tf.range(self.accumulation_steps - 1):
-                self.strategy.run(accumulate, args=(next(iterator),))
+                self._accumulate_batch(next(iterator), diagnostics)
+        return self._update_batch(next(iterator), diagnostics)
+
+    def _accumulate_batch(self, batch, diagnostics=False):
+        accumulate = functools.partial(self._accumulate_replica, diagnostics=diagnostics)
+        self.strategy.run(accumulate, args=(batch,))
+
+    def _update_batch(self, batch, diagnostics=False):
         update = functools.partial(self._update_replica, diagnostics=diagnostics)
-        outputs = self.strategy.run(update, args=(next(iterator),))
+        outputs = self.strategy.run(update, args=(batch,))
         # The metrics are identical across replicas (computed after the all-reduce).
         outputs = tf.nest.map_structure(
             lambda x: self.strategy.experimental_local_results(x)[0], outputs)
@@ -389,27 +405,21 @@ class Trainer:
           (the scale this step used), ``overflow`` (1.0: the step overflowed and was skipped)
           and ``overflow_updates`` (skipped overflow steps so far).
         """
-        return self._train_step_fn(iterator, bool(diagnostics))
+        diagnostics = bool(diagnostics)
+        if not self._per_shape:
+            return self._train_step_fn(iterator, diagnostics)
+        for _ in range(self.accumulation_steps - 1):
+            self._accumulate_fn(next(iterator), diagnostics)
+        return self._update_fn(next(iterator), diagnostics)
 
     # ------------------------------------------------------------------------------------
     # Data distribution
     # ------------------------------------------------------------------------------------
 
-    def _dataset_fn(self, skip: int):
-        def dataset_fn(input_context):
-            dataset = self.build_train_dataset(input_context)
-            if skip:
-                per_pipeline = (input_context.num_replicas_in_sync //
-                                max(input_context.num_input_pipelines, 1))
-                dataset = dataset.skip(skip * per_pipeline)
-            return dataset
-
-        return dataset_fn
-
     def distributed_iterator(self, skip: int = 0):
         """An iterator over the training data distributed by the strategy (one pipeline per
         worker), after dropping the first ``skip`` micro-batches."""
-        return iter(self.strategy.distribute_datasets_from_function(self._dataset_fn(skip)))
+        return distributed_iterator(self.strategy, self.build_train_dataset, skip)
 
     # ------------------------------------------------------------------------------------
     # The run (the runner's; kept here for the classic entry points)
