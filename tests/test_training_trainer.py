@@ -149,6 +149,7 @@ def test_static_shapes_step_equals_the_dynamic_one(tmp_path):
         logs = []
         trainer.train(hooks=[lambda t, s, l: logs.append(l)])
         runs[static] = trainer, logs
+    logging.getLogger("tensorflow").removeHandler(handler)
     (dynamic, logs_d), (static, logs_s) = runs[False], runs[True]
     assert int(static.data_position.numpy()) == 12 and int(static.optimizer.iterations.numpy()) == 6
     for a, b in zip(logs_d, logs_s):
@@ -162,7 +163,6 @@ def test_static_shapes_step_equals_the_dynamic_one(tmp_path):
     traces = (static._update_fn.experimental_get_tracing_count() +
               static._accumulate_fn.experimental_get_tracing_count())
     assert 1 < traces <= 2 * len(widths)
-    logging.getLogger("tensorflow").removeHandler(handler)
     warned = [r.getMessage() for r in records]  # The retracing is intended: no warning.
     assert not [m[:160] for m in warned if "triggered tf.function retracing" in m and "_batch" in m]
 

@@ -15,8 +15,8 @@ and weight decay as Keras objects, for ``model.fit`` on any backend.
 ``weight_decay``                    L2 (``wd * ||w||^2 / 2``) on kernels and embeddings (rank
                                     >= 2), as Keras weight regularizers (``model.losses``)
 ``jit_compile``                     ``compile(jit_compile=...)`` on TensorFlow (always on JAX)
-``precision`` (if the config has    the model's dtype policy (:func:`build_fit_model`);
-it)                                 ``mixed_float16`` adds Keras' ``LossScaleOptimizer``
+``precision``                       the model's dtype policy (:func:`build_fit_model`);
+                                    ``mixed_float16`` adds Keras' ``LossScaleOptimizer``
 ==================================  ========================================================
 
 Two differences remain.  Under gradient accumulation Keras averages the ``k`` micro-batch
@@ -97,16 +97,12 @@ def setup_distribution(devices: Optional[Sequence] = None) -> int:
     return len(devices)
 
 
-def _precision(config: Config) -> str:
-    return getattr(config.training, "precision", "float32") or "float32"
-
-
 def build_fit_model(config: Config):
     """The :class:`~deep_nmt_tf.models.Seq2SeqModel` of ``config.model``, built, with the
-    dtype policy of ``training.precision`` when the config has that key."""
+    dtype policy of ``training.precision``."""
     from deep_nmt_tf.models import Seq2SeqModel
 
-    precision = _precision(config)
+    precision = config.training.precision
     model = Seq2SeqModel(config.model, name="seq2seq",
                          dtype=None if precision == "float32" else precision)
     model.build()
@@ -125,7 +121,7 @@ def build_fit_optimizer(config: Config, num_replicas: int = 1) -> keras.optimize
         learning_rate=schedule, beta_1=t.adam_beta1, beta_2=t.adam_beta2, epsilon=t.adam_epsilon,
         global_clipnorm=t.clip_norm if t.clip_norm > 0 else None,
         gradient_accumulation_steps=k if k > 1 else None, name="adam")
-    if _precision(config) == "mixed_float16":
+    if t.precision == "mixed_float16":
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     return optimizer
 

@@ -87,9 +87,9 @@ __all__ = ["prepare_run", "PeriodicAction", "Runner", "TrainHook", "quiet_expect
 class _ExpectedRetracing(py_logging.Filter):
     """Drops TensorFlow's "triggered tf.function retracing" warnings about the named functions."""
 
-    def __init__(self, names):
+    def __init__(self):
         super().__init__()
-        self.names = set(names)
+        self.names = set()
 
     def filter(self, record):
         message = record.getMessage()
@@ -97,18 +97,14 @@ class _ExpectedRetracing(py_logging.Filter):
                     any(name in message for name in self.names))
 
 
+_EXPECTED_RETRACING = _ExpectedRetracing()
+
+
 def quiet_expected_retracing(*names: str) -> None:
     """Silences TensorFlow's retracing warnings for functions whose names contain one of
-    ``names`` (``training.static_shapes`` traces its step once per batch shape on purpose),
-    and logs once that the first updates are slower for it."""
-    tf_logger = py_logging.getLogger("tensorflow")
-    known = [f for f in tf_logger.filters if isinstance(f, _ExpectedRetracing)]
-    if known and known[0].names.issuperset(names):
-        return
-    if not known:
-        known = [_ExpectedRetracing(())]
-        tf_logger.addFilter(known[0])
-    known[0].names.update(names)
+    ``names`` (``training.static_shapes`` traces its step once per batch shape on purpose)."""
+    _EXPECTED_RETRACING.names.update(names)
+    py_logging.getLogger("tensorflow").addFilter(_EXPECTED_RETRACING)  # Added once at most.
     logging.info("training.static_shapes: the step is traced once per batch shape (one per "
                  "length bucket), so the first updates are slower")
 
