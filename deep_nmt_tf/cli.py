@@ -94,10 +94,10 @@ def enable_compilation_cache(directory: str) -> bool:
 
 def parse_flags_with_compilation_cache(argv: Sequence[str]):
     """absl ``flags_parser`` of the tools that compile searches (``app.run(main,
-    flags_parser=...)``): parses the flags as absl does, then, with ``--jit_compile``, turns
+    flags_parser=...)``): parses the flags as absl does, then, unless ``--nojit_compile``, turns
     on the persistent XLA cache of ``--compilation_cache`` before TensorFlow is imported."""
     args = app.parse_flags_with_usage(argv)
-    if flags.FLAGS.jit_compile:
+    if flags.FLAGS.jit_compile is not False:  # None: the tool may choose XLA.
         enable_compilation_cache(flags.FLAGS.compilation_cache)
     return args
 

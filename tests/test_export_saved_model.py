@@ -197,3 +197,24 @@ def test_bfloat16_export_takes_and_returns_strings(exported, tmp_path, tmp_path_
     same = sum(a == b for a, b in zip(local["translations"],
                                       translator32.translate_batch(sentences)["translations"]))
     assert same >= len(sentences) // 2, same
+
+
+def test_xla_is_chosen_by_precision_and_device(exported, monkeypatch, tmp_path_factory):
+    """jit_compile=None (the tools' default): XLA in float32; in bfloat16 only with a GPU or
+    TPU (XLA's CPU backend runs bfloat16 matmuls at the float32 rate); an explicit choice wins."""
+    from deep_nmt_tf.export.translator import default_jit_compile
+
+    assert exported[0].jit_compile is True and exported[0].module.jit_compile is True
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        pytest.skip("the CPU-only choice needs a machine without GPU and TPU")
+    model_dir = trained_model_dir(tmp_path_factory)
+    bf16 = Translator.from_model_dir(model_dir, precision="bfloat16")
+    assert bf16.jit_compile is False and bf16.module.jit_compile is False
+    forced = Translator.from_model_dir(model_dir, precision="bfloat16", jit_compile=True)
+    assert forced.module.jit_compile is True
+    assert default_jit_compile("float32") and default_jit_compile("float16")
+    assert not default_jit_compile(tf.bfloat16)
+    real = tf.config.list_logical_devices
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: ["/device:GPU:0"] if kind == "GPU" else real(kind))
+    assert default_jit_compile("bfloat16")

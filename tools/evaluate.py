@@ -72,7 +72,9 @@ define_flags([
      "sacreBLEU tokeniser of the tokenized BLEU ('intl', '13a', 'none' ...)."),
     (flags.DEFINE_string, "output", None, "Write the test translations here."),
     (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
-    (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    (flags.DEFINE_bool, "jit_compile", None,
+     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
+     "without GPU or TPU, where the plain graph decodes faster)."),
     PRECISION_FLAG,
     COMPILATION_CACHE_FLAG,
 ])

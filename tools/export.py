@@ -9,9 +9,9 @@ version: one more than the largest existing one, or 1) with the signatures ``ser
 (strings in, translations and scores out), ``translate_with_options`` (plus ``beam_size`` and
 ``length_penalty`` inputs) and ``translate_ids`` (token ids in and out); see
 ``deep_nmt_tf/export/saved_model.py`` and ``docs/SERVING.md``.  Decoding parameters are the
-config's ``decoding`` section (after ``--override``).  With ``--jit_compile`` (default) the
-search is compiled by XLA when first called; TF Serving then needs
-``--xla_cpu_compilation_enabled=true``.
+config's ``decoding`` section (after ``--override``).  With XLA (``--jit_compile``; the default,
+except for ``--precision=bfloat16`` on a machine without GPU or TPU) the search is compiled by
+XLA when first called; TF Serving then needs ``--xla_cpu_compilation_enabled=true``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ define_flags([
     (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.beam_size=8 (repeatable)."),
-    (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    (flags.DEFINE_bool, "jit_compile", None,
+     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
+     "without GPU or TPU, where the plain graph decodes faster)."),
     PRECISION_FLAG,
     (flags.DEFINE_bool, "overwrite", False, "Replace an existing version directory."),
 ])

@@ -45,7 +45,9 @@ define_flags([
                                                "decoding.batch_size).", 1),
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
-    (flags.DEFINE_bool, "jit_compile", True, "Compile the search with XLA."),
+    (flags.DEFINE_bool, "jit_compile", None,
+     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
+     "without GPU or TPU, where the plain graph decodes faster)."),
     PRECISION_FLAG,
     COMPILATION_CACHE_FLAG,
     (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "

@@ -28,9 +28,9 @@ needs ``import tensorflow, tensorflow_text`` (the ops must be registered before 
     m.signatures["serving_default"](text=tf.constant(["Hello."]))["translations"]
 
 Empty, whitespace-only and over-long inputs (truncated to ``decoding.max_input_length``
-tokens) give a possibly empty translation, never an error.  With ``jit_compile`` (default) the
-search is an XLA cluster: TF Serving must run with ``--xla_cpu_compilation_enabled=true``
-(``docs/SERVING.md``).
+tokens) give a possibly empty translation, never an error.  With ``jit_compile`` (the default
+except for bfloat16 on a CPU-only machine) the search is an XLA cluster: TF Serving must run with
+``--xla_cpu_compilation_enabled=true`` (``docs/SERVING.md``).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def export_saved_model(module: TranslationModule, export_dir: str,
 def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
                      checkpoint: Optional[str] = None,
                      version: Optional[int] = None, overrides: Sequence[str] = (),
-                     jit_compile: bool = True, overwrite: bool = False,
+                     jit_compile: Optional[bool] = None, overwrite: bool = False,
                      precision: str = "float32") -> str:
     """Loads a model directory (config, vocabulary, checkpoint) and exports it.
 
@@ -128,8 +128,10 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
       version: integer version (default: next free).
       overrides: config overrides, e.g. ``decoding.beam_size=8`` (baked into
         ``serving_default``).
-      jit_compile: compile the search with XLA (faster; TF Serving then needs
-        ``--xla_cpu_compilation_enabled=true``).
+      jit_compile: compile the search with XLA (faster in float32; TF Serving then needs
+        ``--xla_cpu_compilation_enabled=true``).  None: XLA unless ``precision`` is bfloat16 and
+        this machine has no GPU or TPU
+        (:func:`~deep_nmt_tf.export.translator.default_jit_compile`).
       overwrite: replace an existing version.
       precision: ``float32``, ``bfloat16`` or ``float16`` weights and activations
         (:meth:`~deep_nmt_tf.export.translator.Translator.from_model_dir`); the signatures

@@ -18,10 +18,13 @@ Source preparation (all entry points): ids outside ``[0, vocab)`` become ``[UNK]
 compile).  Empty and whitespace-only inputs become ``[</s>]`` and get a (possibly empty)
 translation; the output length is at most ``a * max_input_length + b`` (+ padding slack).
 
-The search runs in a ``tf.function`` compiled with XLA (``jit_compile=True``, the default): the
-decode loop has static shapes and XLA fuses it, updates the caches in place and removes the
-per-op overhead (3-4x faster on CPU than the plain graph; ``docs/SERVING.md``, BENCHMARKS.md).
-Each new input shape (batch size, padded width) is compiled once.
+The search runs in a ``tf.function`` compiled with XLA (``jit_compile=True``): the decode loop
+has static shapes and XLA fuses it, updates the caches in place and removes the per-op overhead
+(``docs/SERVING.md``, BENCHMARKS.md).  Each new input shape (batch size, padded width) is
+compiled once.  ``jit_compile=None`` (the default) chooses with :func:`default_jit_compile`: XLA,
+except for a bfloat16 model on a machine without GPU or TPU, where XLA's CPU backend runs
+bfloat16 matmuls at about the float32 rate, half of what the plain graph's oneDNN kernels reach
+(BENCHMARKS.md, "Decoding"), so the plain graph decodes faster.
 
 :class:`Translator` adds what a command-line tool needs on top: loading a run directory
 (config, vocabulary and latest or given checkpoint, through :class:`deep_nmt_tf.run_dir.RunDir`;
@@ -57,7 +60,26 @@ __all__ = [
     "Translator",
     "Hypothesis",
     "build_tokenizer",
+    "default_jit_compile",
 ]
+
+
+def default_jit_compile(compute_dtype) -> bool:
+    """Whether to compile the search with XLA when the caller does not say (``jit_compile=None``).
+
+    True, except for a ``bfloat16`` compute dtype when TensorFlow sees no GPU and no TPU: on a
+    CPU, XLA computes bfloat16 matmuls at about its float32 rate, while the plain graph's oneDNN
+    kernels use the CPU's bfloat16 instructions (1.8-1.9x on AVX-512 BF16, BENCHMARKS.md).
+    """
+    if str(getattr(compute_dtype, "name", compute_dtype)) != "bfloat16":
+        return True
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def _resolve_jit_compile(jit_compile: Optional[bool], model) -> bool:
+    if jit_compile is not None:
+        return bool(jit_compile)
+    return default_jit_compile(model.dtype_policy.compute_dtype)
 
 #: Largest beam accepted by the ``beam_size`` input of ``translate_text_with_options``.
 MAX_BEAM_SIZE = 64
@@ -98,13 +120,15 @@ class TranslationModule(tf.Module):
         ``detokenize`` in the graph).
       decoding: :class:`~deep_nmt_tf.config.DecodingConfig` (beam size, length penalty,
         n-best, max length ``a``/``b``, ``max_input_length``) baked into the functions.
-      jit_compile: compile the search with XLA.
+      jit_compile: compile the search with XLA (None: :func:`default_jit_compile` of the
+        model's compute dtype).
       pad_to_multiple: pad source widths up to a multiple of this.
       min_length: generated tokens before ``</s>`` is allowed (benchmarks use a fixed length).
     """
 
-    def __init__(self, model, tokenizer, decoding: DecodingConfig, jit_compile: bool = True,
-                 pad_to_multiple: int = 8, min_length: int = 0, name: Optional[str] = None):
+    def __init__(self, model, tokenizer, decoding: DecodingConfig,
+                 jit_compile: Optional[bool] = None, pad_to_multiple: int = 8,
+                 min_length: int = 0, name: Optional[str] = None):
         super().__init__(name=name)
         # The Keras model is held untracked, and its variables are tracked as the plain
         # tf.Variables the functions capture.  (Tracking the Keras model exports each Keras
@@ -114,7 +138,7 @@ class TranslationModule(tf.Module):
         self.model_variables = [compat.tf_variable(v) for v in model.variables]
         self.tokenizer = tokenizer
         self.decoding = decoding
-        self.jit_compile = bool(jit_compile)
+        self.jit_compile = _resolve_jit_compile(jit_compile, model)
         self.pad_to_multiple = max(1, int(pad_to_multiple))
         self.min_length = int(min_length)
         self.vocab_size = int(model.vocab_size)
@@ -243,7 +267,7 @@ class Translator:
       tokenizer: the data package's ``Tokenizer``.
       config: the model's :class:`~deep_nmt_tf.config.Config` (its ``decoding`` section holds
         the defaults of :meth:`translate`).
-      jit_compile: compile the search with XLA.
+      jit_compile: compile the search with XLA (None: :func:`default_jit_compile`).
       pad_to_multiple: see :class:`TranslationModule`.
 
     Example:
@@ -251,12 +275,12 @@ class Translator:
       >>> tr.translate(["Ta broku glimo vasu."])[0][0].text               # doctest: +SKIP
     """
 
-    def __init__(self, model, tokenizer, config: Config, jit_compile: bool = True,
+    def __init__(self, model, tokenizer, config: Config, jit_compile: Optional[bool] = None,
                  pad_to_multiple: int = 8, min_length: int = 0):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.jit_compile = jit_compile
+        self.jit_compile = _resolve_jit_compile(jit_compile, model)
         self.pad_to_multiple = pad_to_multiple
         self.min_length = min_length
         self.checkpoint_path: Optional[str] = None
@@ -265,7 +289,7 @@ class Translator:
 
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: Optional[str] = None,
-                       overrides: Sequence[str] = (), jit_compile: bool = True,
+                       overrides: Sequence[str] = (), jit_compile: Optional[bool] = None,
                        pad_to_multiple: int = 8, precision: str = "float32") -> "Translator":
         """Loads ``config.yaml``, the vocabulary and a checkpoint (default: the latest).
 
