@@ -46,7 +46,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
-           "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
+           "COMPILATION_CACHE_FLAG", "enable_compilation_cache", "search_cache_dir",
            "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
@@ -71,8 +71,9 @@ DEFAULT_COMPILATION_CACHE = os.path.join(
 #: ``--compilation_cache`` of the tools that compile searches (translate, evaluate).
 COMPILATION_CACHE_FLAG: FlagDefinition = (
     flags.DEFINE_string, "compilation_cache", DEFAULT_COMPILATION_CACHE,
-    "Directory of XLA's persistent compilation cache: a search compiled once for a model and "
-    "an input shape is read back by later runs instead of being compiled again ('' = off).")
+    "Directory of XLA's persistent compilation cache and of traced searches (searches/): a "
+    "search traced and compiled once for a model and an input shape is read back by later "
+    "runs instead of being traced and compiled again ('' = off).")
 
 
 def enable_compilation_cache(directory: str) -> bool:
@@ -90,6 +91,12 @@ def enable_compilation_cache(directory: str) -> bool:
     os.makedirs(directory, exist_ok=True)
     os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={directory}"
     return True
+
+
+def search_cache_dir(compilation_cache: str) -> Optional[str]:
+    """Where the tools keep traced searches (``COMPILATION_CACHE/searches``; None when
+    ``--compilation_cache=''``): :class:`deep_nmt_tf.export.search_cache.SearchCache`."""
+    return os.path.join(compilation_cache, "searches") if compilation_cache else None
 
 
 def parse_flags_with_compilation_cache(argv: Sequence[str]):

@@ -1,4 +1,4 @@
-"""Training progress for people: a live bar on a terminal, the ETA in the periodic log lines.
+"""Progress for people: a live bar on a terminal, the ETA in the periodic log lines.
 
 Both training routes use it: the custom loop's ``log`` action
 (:mod:`deep_nmt_tf.training.runner`) and ``fit``'s :class:`deep_nmt_tf.fit.callbacks.
@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Optional, TextIO
 
-__all__ = ["format_duration", "Progress"]
+__all__ = ["format_duration", "Progress", "ProgressBar"]
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -158,3 +158,28 @@ class Progress:
         for handler, flt in self._filters:
             handler.removeFilter(flt)
         self._filters = []
+
+
+class ProgressBar:
+    """A minimal stderr progress bar (``deep-nmt-translate``): ``progress(done, total)``."""
+
+    def __init__(self, stream=None, label: str = "translating", min_interval: float = 0.5):
+        self.stream = stream or sys.stderr
+        self.label = label
+        self.min_interval = min_interval
+        self.start = time.time()
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int):
+        now = time.time()
+        if done < total and now - self._last < self.min_interval:
+            return
+        self._last = now
+        width = 30
+        frac = done / total if total else 1.0
+        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+        rate = done / max(now - self.start, 1e-9)
+        self.stream.write(f"\r{self.label} [{bar}] {done}/{total} ({rate:.1f} sent/s)")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()

@@ -213,6 +213,8 @@ def _evaluate_model() -> None:
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
                                            jit_compile=FLAGS.jit_compile,
+                                           search_cache=cli.search_cache_dir(
+                                               FLAGS.compilation_cache),
                                            precision=FLAGS.precision)
     data = translator.config.data
     source = FLAGS.source or data.test_source

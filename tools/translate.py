@@ -122,7 +122,7 @@ def translate_file(translator, input_path: str, output_path: str,
       DataError: unreadable input or unwritable output (checked before decoding).
       ValueError: invalid search options (checked before decoding).
     """
-    from deep_nmt_tf.export.translator import ProgressBar
+    from deep_nmt_tf.progress import ProgressBar
 
     options = dict(beam_size=beam_size, length_penalty=length_penalty, n_best=n_best or 1,
                    batch_size=batch_size)
@@ -161,6 +161,8 @@ def main(argv: Sequence[str]) -> None:
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
                                                jit_compile=FLAGS.jit_compile,
+                                               search_cache=cli.search_cache_dir(
+                                                   FLAGS.compilation_cache),
                                                precision=FLAGS.precision)
         translate_file(translator, FLAGS.input, FLAGS.output, beam_size=FLAGS.beam_size,
                        length_penalty=FLAGS.length_penalty, n_best=FLAGS.n_best,

@@ -6,7 +6,9 @@
 * :mod:`deep_nmt_tf.export.saved_model`: ``export_saved_model`` / ``export_model_dir`` write
   ``EXPORT_DIR/<version>/`` with ``serving_default``, ``translate_with_options`` and
   ``translate_ids`` signatures;
-* :mod:`deep_nmt_tf.export.averaging`: ``average_checkpoints`` (``tools/average_checkpoints.py``).
+* :mod:`deep_nmt_tf.export.averaging`: ``average_checkpoints`` (``tools/average_checkpoints.py``);
+* :mod:`deep_nmt_tf.export.search_cache`: traced searches kept on disk, run by a later process
+  without building the model or tracing (``Translator.from_model_dir(search_cache=...)``).
 
 The decoding-speed benchmark is a tool: ``deep-nmt-benchmark --mode=decode``
 (``deep_nmt_tf.tools.benchmark.benchmark_decode``).

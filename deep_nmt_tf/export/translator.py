@@ -30,7 +30,9 @@ bfloat16 matmuls at about the float32 rate, half of what the plain graph's oneDN
 (config, vocabulary and latest or given checkpoint, through :class:`deep_nmt_tf.run_dir.RunDir`;
 a vocabulary other than the one the run was trained with is refused, naming both files),
 batching by length and restoring the input order, n-best lists, results in chunks as they are
-produced (:meth:`Translator.translate_chunks`) and progress.  Invalid search options (a beam
+produced (:meth:`Translator.translate_chunks`) and progress.  With a ``search_cache``
+(:mod:`deep_nmt_tf.export.search_cache`; the tools' ``--compilation_cache``) it runs searches
+traced by an earlier process, and builds the Keras model only when it has to trace one.  Invalid search options (a beam
 below 1, an ``n_best`` above the beam, a length penalty that is negative, NaN or infinite) are a
 ``ValueError``, never clamped; the ``translate_with_options`` signature fails the same way
 (``InvalidArgumentError`` naming the input).
@@ -39,8 +41,6 @@ below 1, an ``n_best`` above the beam, a length penalty that is negative, NaN or
 from __future__ import annotations
 
 import dataclasses
-import sys
-import time
 import math
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -61,6 +61,7 @@ __all__ = [
     "Hypothesis",
     "build_tokenizer",
     "default_jit_compile",
+    "prepare_source",
 ]
 
 
@@ -97,6 +98,25 @@ def build_tokenizer(config: Config, vocab_path: str):
     from deep_nmt_tf.data.vocab import Tokenizer
 
     return Tokenizer(vocab_path, lowercase=config.data.lowercase)
+
+
+def prepare_source(tokens: tf.RaggedTensor, vocab_size: int, max_input_length: int,
+                   pad_to_multiple: int) -> tf.Tensor:
+    """Ragged token ids ``[B, (n)]`` -> ``[B, S]`` int32 encoder input (module docstring)."""
+    tokens = tf.cast(tokens, tf.int32)
+    tokens = tf.ragged.map_flat_values(
+        lambda x: tf.where((x >= 0) & (x < vocab_size), x, UNK_ID), tokens)
+    keep = tf.ragged.map_flat_values(
+        lambda x: (x != PAD_ID) & (x != BOS_ID) & (x != EOS_ID), tokens)
+    tokens = tf.ragged.boolean_mask(tokens, keep)
+    tokens = tokens[:, : max(1, int(max_input_length)) - 1]
+    batch = tokens.nrows(out_type=tf.int64)
+    eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), EOS_ID))
+    source = tf.concat([tokens, eos], axis=1).to_tensor(default_value=PAD_ID)
+    width = tf.shape(source)[1]
+    m = max(1, int(pad_to_multiple))
+    padded = (width + m - 1) // m * m
+    return tf.pad(source, [[0, 0], [0, padded - width]], constant_values=PAD_ID)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,20 +198,8 @@ class TranslationModule(tf.Module):
     # -- source preparation -------------------------------------------------------------
     def prepare_source(self, tokens: tf.RaggedTensor) -> tf.Tensor:
         """Ragged token ids ``[B, (n)]`` -> ``[B, S]`` int32 encoder input (module docstring)."""
-        tokens = tf.cast(tokens, tf.int32)
-        tokens = tf.ragged.map_flat_values(
-            lambda x: tf.where((x >= 0) & (x < self.vocab_size), x, UNK_ID), tokens)
-        keep = tf.ragged.map_flat_values(
-            lambda x: (x != PAD_ID) & (x != BOS_ID) & (x != EOS_ID), tokens)
-        tokens = tf.ragged.boolean_mask(tokens, keep)
-        tokens = tokens[:, : max(1, int(self.decoding.max_input_length)) - 1]
-        batch = tokens.nrows(out_type=tf.int64)
-        eos = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), EOS_ID))
-        source = tf.concat([tokens, eos], axis=1).to_tensor(default_value=PAD_ID)
-        width = tf.shape(source)[1]
-        m = self.pad_to_multiple
-        padded = (width + m - 1) // m * m
-        return tf.pad(source, [[0, 0], [0, padded - width]], constant_values=PAD_ID)
+        return prepare_source(tokens, self.vocab_size, self.decoding.max_input_length,
+                              self.pad_to_multiple)
 
     def _ids_to_ragged(self, source_ids):
         source_ids = tf.convert_to_tensor(source_ids, tf.int32)
@@ -263,12 +271,18 @@ class Translator:
     Build it from a model directory (:meth:`from_model_dir`) or from objects.
 
     Args:
-      model: a built model.
+      model: a built model, or a function that builds one (called when a search has to be
+        traced: with a ``search_cache`` that holds the searches, never).
       tokenizer: the data package's ``Tokenizer``.
       config: the model's :class:`~deep_nmt_tf.config.Config` (its ``decoding`` section holds
         the defaults of :meth:`translate`).
       jit_compile: compile the search with XLA (None: :func:`default_jit_compile`).
       pad_to_multiple: see :class:`TranslationModule`.
+      precision: the model's inference precision (``float32``, ``bfloat16``, ``float16``;
+        default: a built model's compute dtype); required with a model function.
+      search_cache: a :class:`~deep_nmt_tf.export.search_cache.SearchCache`: searches traced
+        by an earlier process are run from it (with the checkpoint's variables, without the
+        Keras model), and new traces are added to it.
 
     Example:
       >>> tr = Translator.from_model_dir("runs/demo")                   # doctest: +SKIP
@@ -276,21 +290,45 @@ class Translator:
     """
 
     def __init__(self, model, tokenizer, config: Config, jit_compile: Optional[bool] = None,
-                 pad_to_multiple: int = 8, min_length: int = 0):
-        self.model = model
+                 pad_to_multiple: int = 8, min_length: int = 0,
+                 precision: Optional[str] = None, search_cache=None):
+        self._model, self._build_model = (None, model) if callable(model) and not hasattr(
+            model, "variables") else (model, None)
+        if precision is None:
+            if self._model is None:
+                raise ValueError("Translator: precision is required with a model function")
+            precision = str(self._model.dtype_policy.compute_dtype)
+        self.precision = precision
         self.tokenizer = tokenizer
         self.config = config
-        self.jit_compile = _resolve_jit_compile(jit_compile, model)
+        self.jit_compile = (bool(jit_compile) if jit_compile is not None
+                            else default_jit_compile(precision))
         self.pad_to_multiple = pad_to_multiple
         self.min_length = min_length
+        self.search_cache = search_cache
         self.checkpoint_path: Optional[str] = None
         self._modules: Dict[Tuple[int, int], TranslationModule] = {}
-        self.module = self.module_for(config.decoding.beam_size, config.decoding.n_best)
+        self._cached_variables: Dict[str, Dict[int, tf.Variable]] = {}
+
+    @property
+    def model(self):
+        """The Keras model (built, and the checkpoint restored, on first use)."""
+        if self._model is None:
+            self._model = self._build_model()
+            if self.checkpoint_path is not None:
+                restore_model_weights(self._model, self.checkpoint_path)
+        return self._model
+
+    @property
+    def module(self) -> TranslationModule:
+        """The :class:`TranslationModule` of the config's beam size and n-best."""
+        return self.module_for(self.config.decoding.beam_size, self.config.decoding.n_best)
 
     @classmethod
     def from_model_dir(cls, model_dir: str, checkpoint: Optional[str] = None,
                        overrides: Sequence[str] = (), jit_compile: Optional[bool] = None,
-                       pad_to_multiple: int = 8, precision: str = "float32") -> "Translator":
+                       pad_to_multiple: int = 8, precision: str = "float32",
+                       search_cache: Optional[str] = None) -> "Translator":
         """Loads ``config.yaml``, the vocabulary and a checkpoint (default: the latest).
 
         Args:
@@ -303,12 +341,18 @@ class Translator:
             the activations (:data:`~deep_nmt_tf.models.seq2seq.INFERENCE_POLICIES`; the
             float32 checkpoint is rounded when it is loaded; softmax, LayerNorm statistics and
             the scores stay float32).
+          search_cache: a directory of traced searches
+            (:class:`~deep_nmt_tf.export.search_cache.SearchCache`).  With it the model is
+            built only when a search has to be traced, so a checkpoint that does not fit the
+            model is reported by the first translation instead of here.
 
         Raises:
           ConfigError: the vocabulary is not the one the run was trained with (naming both).
           FileNotFoundError: no ``config.yaml``, no (such) checkpoint.
           CheckpointError: the checkpoint is damaged or of another model.
         """
+        from deep_nmt_tf.checkpointing import CheckpointError, checkpoint_problem
+        from deep_nmt_tf.export.search_cache import SearchCache
         from deep_nmt_tf.models import build_model
         from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
 
@@ -320,20 +364,34 @@ class Translator:
         vocab = run_dir.vocab_path(config)
         run_dir.check_vocab(vocab, run_dir.config_path)
         tokenizer = build_tokenizer(config, vocab)
-        model = build_model(config, dtype=INFERENCE_POLICIES[precision])
-        translator = cls(model, tokenizer, config, jit_compile=jit_compile,
-                         pad_to_multiple=pad_to_multiple)
+        policy = INFERENCE_POLICIES[precision]
+        checked = checkpoint is None
         if checkpoint is None:
-            checkpoint = run_dir.latest_checkpoint()
+            checkpoint = run_dir.latest_checkpoint()  # (the newest readable one)
             if checkpoint is None:
                 raise FileNotFoundError(f"no checkpoint in {model_dir}")
+        if search_cache is None or checkpoint.endswith(".weights.h5"):
+            translator = cls(build_model(config, dtype=policy), tokenizer, config,
+                             jit_compile=jit_compile, pad_to_multiple=pad_to_multiple)
+            translator.restore(checkpoint)
+            return translator
+        if not tf.io.gfile.exists(checkpoint + ".index"):
+            restore_model_weights(build_model(config, dtype=policy), checkpoint)  # Its error.
+        problem = None if checked else checkpoint_problem(checkpoint)
+        if problem:
+            raise CheckpointError(f"checkpoint {checkpoint} cannot be read: {problem}")
+        translator = cls(lambda: build_model(config, dtype=policy), tokenizer, config,
+                         jit_compile=jit_compile, pad_to_multiple=pad_to_multiple,
+                         precision=precision, search_cache=SearchCache(search_cache))
         translator.restore(checkpoint)
         return translator
 
     def restore(self, checkpoint_path: str):
         """Loads the model variables of another checkpoint (compiled functions are kept)."""
-        restore_model_weights(self.model, checkpoint_path)
+        if self._model is not None:
+            restore_model_weights(self._model, checkpoint_path)
         self.checkpoint_path = checkpoint_path
+        self._cached_variables.clear()
         logging.info("Restored model weights from %s", checkpoint_path)
 
     def module_for(self, beam_size: int, n_best: int) -> TranslationModule:
@@ -353,6 +411,61 @@ class Translator:
                 pad_to_multiple=self.pad_to_multiple, min_length=self.min_length)
         return self._modules[key]
 
+    def search_ids(self, source_ids, length_penalty: float, beam_size: int,
+                   n_best: int) -> Dict[str, tf.Tensor]:
+        """The search on prepared source ids: from the search cache when it holds it (the model
+        is then never built), else traced (and added to the cache)."""
+        cache, key = self.search_cache, None
+        if cache is not None:
+            from deep_nmt_tf.export.search_cache import search_key
+
+            decoding = dataclasses.replace(self.config.decoding, beam_size=int(beam_size),
+                                           n_best=max(1, min(int(n_best), int(beam_size))))
+            key = search_key(self.config.model, decoding, self.precision, self.jit_compile,
+                             self.min_length, source_ids.shape)
+            cached = cache.load(key)
+            variables = self._checkpoint_variables(cached) if cached is not None else None
+            if variables is not None:
+                return cached(source_ids, length_penalty, variables)
+        module = self.module_for(beam_size, n_best)
+        out = module.search_ids(source_ids, length_penalty)
+        if key is not None:
+            function = module._search_fn.get_concrete_function(
+                source_ids, tf.constant(length_penalty, tf.float32))
+            cache.save(key, function, module.model_variables)
+        return out
+
+    def _prepare_rows(self, rows: List[List[int]]) -> tf.Tensor:
+        """:func:`prepare_source` of token-id lists, on the host (no eager ragged ops)."""
+        vocab, keep = self.config.model.vocab_size, max(1, self.config.decoding.max_input_length)
+        rows = [[t if 0 <= t < vocab else UNK_ID for t in row] for row in rows]
+        rows = [[t for t in row if t not in (PAD_ID, BOS_ID, EOS_ID)][:keep - 1] + [EOS_ID]
+                for row in rows]
+        m = max(1, int(self.pad_to_multiple))
+        width = (max(len(row) for row in rows) + m - 1) // m * m
+        out = np.full((len(rows), width), PAD_ID, np.int32)
+        for r, row in enumerate(rows):
+            out[r, :len(row)] = row
+        return tf.constant(out)
+
+    def _checkpoint_variables(self, cached):
+        """The variables ``cached`` reads: the built model's, else read from the checkpoint
+        (``None`` when the checkpoint does not hold them as recorded)."""
+        if self._model is not None:
+            return self.module.model_variables
+        variables = self._cached_variables.setdefault(self.checkpoint_path, {})
+        missing = [i for i in cached.captures if i not in variables]
+        if missing:
+            try:
+                read = cached.read_variables(self.checkpoint_path)
+            except (tf.errors.OpError, ValueError, KeyError) as e:
+                logging.warning("Search cache: %s: %s; building the model", self.checkpoint_path, e)
+                read = None
+            if read is None:
+                return None
+            variables.update(read)
+        return variables
+
     # -- batch entry points (the exported functions) -------------------------------------
     def translate_batch(self, text: Sequence[str]) -> Dict[str, np.ndarray]:
         """One batch through ``translate_text`` (exactly what the SavedModel's
@@ -365,8 +478,8 @@ class Translator:
         """Token ids of each sentence (no ``</s>``)."""
         out: List[List[int]] = []
         for i in range(0, len(sentences), chunk_size):
-            ragged = self.module.tokenize(tf.constant(list(sentences[i:i + chunk_size]),
-                                                      tf.string))
+            ragged = self.tokenizer.tokenize(tf.constant(list(sentences[i:i + chunk_size]),
+                                                         tf.string))
             out.extend(row.tolist() for row in ragged.numpy())
         return out
 
@@ -418,7 +531,6 @@ class Translator:
         """
         beam_size, alpha, n_best, batch_size = self.search_options(
             beam_size, length_penalty, n_best, batch_size)
-        module = self.module_for(beam_size, n_best)
         sentences = list(sentences)
         tokens = self.tokenize(sentences)
         order = sorted(range(len(tokens)), key=lambda i: (len(tokens[i]), i))
@@ -426,17 +538,13 @@ class Translator:
         done = 0
         for start in range(0, len(order), batch_size):
             index = order[start:start + batch_size]
-            rows = [tokens[i] for i in index]
-            ragged = tf.RaggedTensor.from_row_lengths(
-                np.asarray([t for row in rows for t in row], np.int32),
-                np.asarray([len(row) for row in rows], np.int64))
-            source_ids = module.prepare_source(ragged)
-            out = module.search_ids(source_ids, alpha)
+            source_ids = self._prepare_rows([tokens[i] for i in index])
+            out = self.search_ids(source_ids, alpha, beam_size, n_best)
             ids = out["ids"].numpy()[:, :n_best]
             scores = out["scores"].numpy()[:, :n_best]
             lengths = out["lengths"].numpy()[:, :n_best]
             flat = ids.reshape(-1, ids.shape[-1])
-            texts = module.detokenize(tf.constant(flat, tf.int32)).numpy()
+            texts = self.tokenizer.detokenize(tf.constant(flat, tf.int32)).numpy()
             texts = texts.reshape(ids.shape[:2])
             for row, i in enumerate(index):
                 results[i] = [Hypothesis(texts[row, k].decode("utf-8"), float(scores[row, k]),
@@ -471,27 +579,3 @@ class Translator:
             yield self.translate(sentences[start:start + chunk_size], progress=chunk_progress,
                                  **options)
 
-
-class ProgressBar:
-    """A minimal stderr progress bar: ``progress(done, total)``."""
-
-    def __init__(self, stream=None, label: str = "translating", min_interval: float = 0.5):
-        self.stream = stream or sys.stderr
-        self.label = label
-        self.min_interval = min_interval
-        self.start = time.time()
-        self._last = 0.0
-
-    def __call__(self, done: int, total: int):
-        now = time.time()
-        if done < total and now - self._last < self.min_interval:
-            return
-        self._last = now
-        width = 30
-        frac = done / total if total else 1.0
-        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
-        rate = done / max(now - self.start, 1e-9)
-        self.stream.write(f"\r{self.label} [{bar}] {done}/{total} ({rate:.1f} sent/s)")
-        if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()

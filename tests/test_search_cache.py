@@ -1,0 +1,127 @@
+"""The search cache: traced searches reused without the Keras model, in-process and in a fresh
+process; damaged or non-fitting entries fall back to tracing; keys change with the search."""
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from deep_nmt_tf.export import Translator
+from deep_nmt_tf.export.search_cache import search_key
+from test_decoding_helpers import trained_model_dir
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["", "a b c", "the house is blue and the house is small"]
+
+
+def _sources(model_dir):
+    with open(Translator.from_model_dir(model_dir, jit_compile=False).config.data.test_source,
+              encoding="utf-8") as f:
+        return SENTENCES + [line.rstrip("\n") for line in f][:6]
+
+
+def _summary(hypotheses):
+    return [[(h.text, h.ids, round(h.score, 4)) for h in nbest] for nbest in hypotheses]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return trained_model_dir(tmp_path_factory)
+
+
+def _entries(directory):
+    return sorted(n for n in os.listdir(directory) if n.endswith(".functions.pb"))
+
+
+def test_cached_search_runs_without_the_model(model_dir, tmp_path):
+    cache = str(tmp_path / "searches")
+    sources = _sources(model_dir)
+    plain = Translator.from_model_dir(model_dir, jit_compile=False)
+    expected = _summary(plain.translate(sources, batch_size=4, n_best=2))
+
+    first = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    assert first._model is None  # Not built until a search has to be traced.
+    assert _summary(first.translate(sources, batch_size=4, n_best=2)) == expected
+    assert first._model is not None
+    entries = _entries(cache)
+    assert len(entries) >= 2  # Batches of two padded widths at least.
+
+    second = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    assert _summary(second.translate(sources, batch_size=4, n_best=2)) == expected
+    assert second._model is None, "the cached searches should not need the model"
+    assert _entries(cache) == entries
+
+    # Another beam size is another search: traced (building the model), then cached.
+    third = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    third.translate(sources[:2], beam_size=1)
+    assert third._model is not None and len(_entries(cache)) > len(entries)
+
+
+def test_damaged_or_unfitting_entries_fall_back_to_tracing(model_dir, tmp_path, caplog):
+    cache = str(tmp_path / "searches")
+    sources = _sources(model_dir)[:4]
+    expected = _summary(Translator.from_model_dir(model_dir, jit_compile=False,
+                                                  search_cache=cache).translate(sources))
+    (entry,) = _entries(cache)
+    functions = os.path.join(cache, entry)
+    with open(functions, "wb") as f:
+        f.write(b"not a function library")
+    with caplog.at_level(logging.WARNING):
+        damaged = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+        assert _summary(damaged.translate(sources)) == expected
+    assert damaged._model is not None
+    assert any("Search cache: ignoring" in r.getMessage() for r in caplog.records)
+
+    # The entry was written again; now make its recorded variable shapes disagree with the
+    # checkpoint (as a checkpoint of another model would).
+    meta_path = functions.replace(".functions.pb", ".json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    first = sorted(meta["variables"], key=int)[0]
+    meta["variables"][first][0] = [s + 1 for s in meta["variables"][first][0]]
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    unfitting = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    assert _summary(unfitting.translate(sources)) == expected
+    assert unfitting._model is not None
+
+
+def test_fresh_process_uses_the_entries_with_xla(model_dir, tmp_path):
+    """The tool's route: XLA (the float32 default), entries written by one process and run
+    by the next without building the model."""
+    cache = str(tmp_path / "searches")
+    code = ("import json, sys\n"
+            "from deep_nmt_tf.export import Translator\n"
+            f"t = Translator.from_model_dir({model_dir!r}, search_cache={cache!r})\n"
+            "assert t.jit_compile\n"
+            f"h = t.translate({SENTENCES!r})\n"
+            "print(json.dumps({'built': t._model is not None,"
+            " 'out': [[x.text, list(x.ids), round(x.score, 4)] for nb in h for x in nb]}))\n")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0]["built"] and not runs[1]["built"]
+    assert runs[1]["out"] == runs[0]["out"]
+
+
+def test_search_key_follows_what_shapes_the_search(model_dir):
+    config = Translator.from_model_dir(model_dir, jit_compile=False).config
+    d = config.decoding
+    key = search_key(config.model, d, "float32", True, 0, (1, 8))
+    assert key == search_key(config.model, d, "float32", True, 0, (1, 8))
+    others = [search_key(config.model, d, "float32", True, 0, (2, 8)),
+              search_key(config.model, d, "bfloat16", True, 0, (1, 8)),
+              search_key(config.model, d, "float32", False, 0, (1, 8)),
+              search_key(config.model, dataclasses.replace(d, beam_size=d.beam_size + 1),
+                         "float32", True, 0, (1, 8)),
+              search_key(dataclasses.replace(config.model, vocab_size=config.model.vocab_size
+                                             + 1), d, "float32", True, 0, (1, 8))]
+    assert len({key, *others}) == 6
