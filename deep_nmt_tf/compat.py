@@ -27,6 +27,11 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   :func:`set_worker_heartbeat_timeout`, the heartbeat timeout after which the coordination
   service of ``MultiWorkerMirroredStrategy`` declares a worker lost (the strategy configures the
   service itself, with TensorFlow's default, only when none is configured yet).
+* ``tensorflow.python.eager.context.context().add_function_def`` and
+  ``tensorflow.python.eager.execute.execute``: :func:`register_function_defs` and
+  :func:`call_function`, how ``tf.function`` itself registers a traced function with the
+  runtime and calls it by name; the search cache (:mod:`deep_nmt_tf.export.search_cache`) runs
+  saved searches this way without tracing them again.
 * ``PyDatasetAdapter._output_signature`` (TensorFlow backend): ``fit`` on TensorFlow turns a
   ``keras.utils.PyDataset`` into a ``tf.data`` generator whose shapes it guesses from the first
   two batches, so token batches of other widths later fail.  :func:`allow_variable_batch_shapes`
@@ -63,6 +68,8 @@ __all__ = [
     "tf_variable",
     "scan",
     "set_worker_heartbeat_timeout",
+    "register_function_defs",
+    "call_function",
     "allow_variable_batch_shapes",
 ]
 
@@ -82,6 +89,8 @@ HOOKS = (
     f"keras.Variable.{_VARIABLE_VALUE}",
     "tensorflow.python.eager.context.configure_coordination_service",
     f"{_PY_DATASET_ADAPTER}.PyDatasetAdapter.{_OUTPUT_SIGNATURE}",
+    "tensorflow.python.eager.context.add_function_def",
+    "tensorflow.python.eager.execute.execute",
 )
 
 # --------------------------------------------------------------------------------------------
@@ -239,6 +248,25 @@ def set_worker_heartbeat_timeout(seconds: float) -> None:
     context.context().configure_coordination_service(
         service_type="standalone", service_leader=f"/job:{leader}/replica:0/task:0",
         heartbeat_timeout_in_ms=int(seconds * 1000))
+
+
+def register_function_defs(functions) -> None:
+    """Adds ``FunctionDef`` protos to TensorFlow's eager runtime (callees first), as
+    ``tf.function`` does for a trace; a name already registered with the same body is kept."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    for function in functions:
+        ctx.add_function_def(function)
+
+
+def call_function(name: str, inputs, num_outputs: int) -> list:
+    """Runs the registered function ``name`` eagerly on ``inputs`` (tensors, variable handles
+    included) and returns its ``num_outputs`` outputs."""
+    from tensorflow.python.eager import context, execute
+
+    return execute.execute(name, num_outputs=num_outputs, inputs=inputs, attrs=(),
+                           ctx=context.context())
 
 
 # --------------------------------------------------------------------------------------------

@@ -172,6 +172,23 @@ def test_coordination_service_hook():
         assert callable(compat.set_worker_heartbeat_timeout)
 
 
+def test_function_def_hooks():
+    """A traced function's definition, registered under a new name, runs by that name with a
+    variable handle among its inputs (what the search cache does)."""
+    with hook(compat.HOOKS[7]), hook(compat.HOOKS[8]):
+        v = tf.Variable([1.0, 2.0])
+        f = tf.function(lambda x: x * 3.0 + v)
+        concrete = f.get_concrete_function(tf.TensorSpec([2], tf.float32))
+        definition = concrete.function_def
+        definition.signature.name = "deep_nmt_tf_compat_test_fn"
+        compat.register_function_defs([definition])
+        compat.register_function_defs([definition])  # The same body again: accepted.
+        (out,) = compat.call_function("deep_nmt_tf_compat_test_fn",
+                                      [tf.constant([1.0, 1.0])] +
+                                      [t for t in concrete.captured_inputs], 1)
+        assert out.numpy().tolist() == [4.0, 5.0]
+
+
 def test_private_hooks_only_in_compat():
     offenders = []
     for top in ("deep_nmt_tf", "tools"):

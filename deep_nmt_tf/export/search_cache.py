@@ -16,8 +16,8 @@ Keras versions and a digest of this package's layer, model and search code.  The
 not in the key (they are inputs), so a new checkpoint of the same model reuses its entries.
 Anything unexpected (a damaged or foreign file, a checkpoint whose variables do not match,
 TensorFlow refusing the definitions) makes :meth:`SearchCache.load` return ``None`` with a
-WARNING, and the caller traces as usual.  This uses two TensorFlow-internal entry points
-(``context.add_function_def``, ``execute.execute``), the ones ``tf.function`` itself calls.
+WARNING, and the caller traces as usual.  Registering and calling the definitions uses two
+TensorFlow internals, the ones ``tf.function`` itself calls (:mod:`deep_nmt_tf.compat`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 from absl import logging
+
+from deep_nmt_tf import compat
 
 __all__ = ["SearchCache", "CachedSearch", "search_key"]
 
@@ -120,14 +122,11 @@ class CachedSearch:
         self.variable_specs = variables  # str(index) -> [shape, dtype]
 
     def __call__(self, source_ids, length_penalty, variables) -> Dict[str, tf.Tensor]:
-        from tensorflow.python.eager import context, execute
-
         inputs = [tf.convert_to_tensor(source_ids, tf.int32),
                   tf.convert_to_tensor(length_penalty, tf.float32)]
         inputs += [variables[i].handle for i in self.captures]
-        outs = execute.execute(self.name, num_outputs=len(self.outputs), inputs=inputs,
-                               attrs=(), ctx=context.context())
-        return dict(zip(self.outputs, outs))
+        return dict(zip(self.outputs, compat.call_function(self.name, inputs,
+                                                           len(self.outputs))))
 
     def read_variables(self, checkpoint: str) -> Optional[Dict[int, tf.Variable]]:
         """The variables the search reads, from a trainer or averaged checkpoint (cast to the
@@ -199,7 +198,6 @@ class SearchCache:
         if key in self._loaded:
             return self._loaded[key]
         from tensorflow.core.framework import function_pb2
-        from tensorflow.python.eager import context
 
         functions_path, meta_path = self._paths(key)
         if not (os.path.exists(functions_path) and os.path.exists(meta_path)):
@@ -214,9 +212,7 @@ class SearchCache:
                 library.ParseFromString(f.read())
             functions = list(library.function)
             name = _rename_functions(functions, key[:16])
-            ctx = context.context()
-            for function in functions:
-                ctx.add_function_def(function)
+            compat.register_function_defs(functions)
             cached = CachedSearch(name, meta["outputs"], meta["captures"], meta["variables"])
         except Exception as e:  # noqa: BLE001  (a damaged entry must not stop translation)
             logging.warning("Search cache: ignoring %s (%s: %s); tracing instead",
