@@ -125,3 +125,23 @@ def test_search_key_follows_what_shapes_the_search(model_dir):
               search_key(dataclasses.replace(config.model, vocab_size=config.model.vocab_size
                                              + 1), d, "float32", True, 0, (1, 8))]
     assert len({key, *others}) == 6
+
+
+def test_host_source_preparation_matches_the_graph_one(model_dir, tmp_path):
+    """Translator's numpy source preparation (the cached route) and prepare_source (the
+    SavedModel's, in the graph) agree: out-of-vocabulary ids, special tokens, truncation, empty
+    rows, padding to a multiple."""
+    import tensorflow as tf
+
+    from deep_nmt_tf.export.translator import prepare_source
+
+    translator = Translator.from_model_dir(model_dir, jit_compile=False,
+                                           search_cache=str(tmp_path / "searches"))
+    config = translator.config
+    vocab = config.model.vocab_size
+    rows = [[], [5, 0, 1, 2, 7], [vocab, vocab + 5, -3, 4], list(range(3, 3 + 3 * 64)), [1, 2]]
+    host = translator._prepare_rows(rows)
+    graph = prepare_source(tf.ragged.constant(rows, dtype=tf.int32), vocab,
+                           config.decoding.max_input_length, translator.pad_to_multiple)
+    assert host.numpy().tolist() == graph.numpy().tolist()
+    assert translator._model is None
