@@ -34,8 +34,8 @@ produced (:meth:`Translator.translate_chunks`) and progress.  With a ``search_ca
 (:mod:`deep_nmt_tf.export.search_cache`; the tools' ``--compilation_cache``) it runs searches
 traced by an earlier process, and builds the Keras model only when it has to trace one.
 Invalid search options (a beam below 1, an ``n_best`` above the beam, a length penalty that is
-negative, NaN or infinite) are a ``ValueError``, never clamped; the ``translate_with_options`` signature fails the same way
-(``InvalidArgumentError`` naming the input).
+negative, NaN or infinite) are a ``ValueError``, never clamped; the ``translate_with_options``
+signature fails the same way (``InvalidArgumentError`` naming the input).
 """
 
 from __future__ import annotations
