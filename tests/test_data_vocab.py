@@ -186,6 +186,24 @@ def test_vocabulary_sample_is_bounded_spread_and_logged(tmp_path, caplog):
     assert sum(count_words(paths, max_sentences=0).values()) == 200
 
 
+def test_min_count_caps_a_small_corpus_vocabulary_and_is_named(tmp_path, caplog):
+    """data.vocab_min_count: words seen fewer times are left out, so a small corpus falls short
+    of vocab_size (a WARNING names the key); a lower value gives the larger vocabulary."""
+    text = tmp_path / "small.txt"
+    # 300 distinct words, each 3 times; "common" 50 times.
+    text.write_text("".join(f"word{i} word{i} word{i} common\n" for i in range(300)) +
+                    "common\n" * 50, encoding="utf-8")
+    with caplog.at_level("INFO", logger="absl"):
+        capped = build_vocab([str(text)], str(tmp_path / "v10.txt"), 300)
+    assert len(capped) < 200
+    assert "data.vocab_min_count" in caplog.text and "fewer than the 300" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="absl"):
+        full = build_vocab([str(text)], str(tmp_path / "v2.txt"), 300, min_count=2)
+    assert len(full) > len(capped) and "word123" in full
+    assert "data.vocab_min_count" not in caplog.text
+
+
 def test_vocab_learning_reports_invalid_utf8(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"good line\nbad \xff line\n")

@@ -9,7 +9,7 @@ From a config (the training corpus of ``data``; a synthetic corpus is written to
 From explicit files::
 
     deep-nmt-build-vocab --input=train.src,train.tgt --output=vocab.txt --vocab_size=8000 \
-        [--lowercase]
+        [--min_count=10] [--lowercase]
 
 The vocabulary file is (re)written, except the vocabulary of a run that exists (a
 ``--model_dir`` holding a run, or an ``--output`` in a directory holding one): its checkpoints
@@ -43,6 +43,8 @@ define_flags([
     (flags.DEFINE_string, "output", None, "Vocabulary file to write (explicit mode)."),
     (flags.DEFINE_integer, "vocab_size", 8000, "Target vocabulary size (explicit mode)."),
     (flags.DEFINE_bool, "lowercase", False, "Lower-case text first (explicit mode)."),
+    (flags.DEFINE_integer, "min_count", 10, "Least count of a word or piece the learner keeps "
+     "(explicit mode; data.vocab_min_count in config mode).", 1),
     (flags.DEFINE_bool, "overwrite", False, "Rewrite the vocabulary of an existing run."),
 ])
 
@@ -84,15 +86,16 @@ def _from_config(config_path: str, overrides: Sequence[str], model_dir: str,
     stats = text_io.check_parallel(data.train_source, data.train_target)
     logging.info("%s", text_io.describe_stats(stats, "train"))
     return vocab.build_vocab([data.train_source, data.train_target], output, data.vocab_size,
-                             data.lowercase, max_sentences=data.vocab_sample_size)
+                             data.lowercase, max_sentences=data.vocab_sample_size,
+                             min_count=data.vocab_min_count)
 
 
 def _from_files(inputs: Sequence[str], output: str, vocab_size: int,
-                lowercase: bool, overwrite: bool = False) -> List[str]:
+                lowercase: bool, overwrite: bool = False, min_count: int = 10) -> List[str]:
     from deep_nmt_tf.data import vocab
 
     _refuse_run_vocab(output, [os.path.dirname(output) or "."], overwrite)
-    return vocab.build_vocab(list(inputs), output, vocab_size, lowercase)
+    return vocab.build_vocab(list(inputs), output, vocab_size, lowercase, min_count=min_count)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -119,7 +122,7 @@ def main(argv: Sequence[str]) -> None:
         else:
             inputs = [path for path in FLAGS.input.split(",") if path]
             _from_files(inputs, FLAGS.output, FLAGS.vocab_size, FLAGS.lowercase,
-                        FLAGS.overwrite)
+                        FLAGS.overwrite, FLAGS.min_count)
     except (ConfigError, DataError, RunDirError) as e:  # User errors: message, no traceback.
         raise SystemExit(f"build_vocab: error: {e}") from None
 

@@ -105,6 +105,9 @@ class DataConfig:
     vocab: str = field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
                        "(learned from the training data if missing).")
     vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
+    vocab_min_count: int = field(10, "Least count of a word or piece that the vocabulary "
+                                 "learner keeps (tensorflow-text's lower_thresh): a small "
+                                 "corpus reaches vocab_size only with a lower value.", min=1)
     vocab_sample_size: int = field(1000000, "Learn the vocabulary from at most this many "
                                    "training lines (source and target together, spread evenly "
                                    "over the files; the sample size is logged); 0 = all.",

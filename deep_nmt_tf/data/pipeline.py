@@ -415,7 +415,7 @@ def _resolve_vocab(data, run_dir: RunDir) -> str:
         raise DataError(f"data.vocab: {path}: vocabulary file not found (leave data.vocab empty "
                         f"to learn one into MODEL_DIR/{VOCAB_FILENAME})")
     build_vocab([data.train_source, data.train_target], path, data.vocab_size, data.lowercase,
-                max_sentences=data.vocab_sample_size)
+                max_sentences=data.vocab_sample_size, min_count=data.vocab_min_count)
     return path
 
 

@@ -191,7 +191,7 @@ def count_words(paths: Sequence[str], lowercase: bool = False,
 
 def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
                 learn_params: Optional[Mapping] = None,
-                max_sentences: Optional[int] = None) -> List[str]:
+                max_sentences: Optional[int] = None, min_count: int = 10) -> List[str]:
     """Learns a WordPiece vocabulary with tensorflow-text's learner.
 
     Args:
@@ -205,6 +205,8 @@ def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
         (``lower_thresh``, ``num_iterations``, ``max_input_tokens`` ...).
       max_sentences: learn from an evenly spread sample of at most this many lines
         (:func:`count_words`; 0 or None: all).
+      min_count: the least count of a word or piece the learner keeps (its ``lower_thresh``;
+        ``data.vocab_min_count``): it caps the vocabulary of a small corpus.
 
     Returns:
       The tokens, ``RESERVED_TOKENS`` first (ids 0-3).
@@ -215,8 +217,8 @@ def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
     counts = count_words(paths, lowercase, max_sentences)
     if not counts:
         raise DataError(f"cannot learn a vocabulary: no words in {', '.join(paths)}")
-    tokens = learner.learn(dict(counts), vocab_size, list(RESERVED_TOKENS),
-                           **dict(learn_params or {}))
+    params = {"lower_thresh": int(min_count), **dict(learn_params or {})}
+    tokens = learner.learn(dict(counts), vocab_size, list(RESERVED_TOKENS), **params)
     if tuple(tokens[:len(RESERVED_TOKENS)]) != RESERVED_TOKENS:  # Guard against learner changes.
         raise AssertionError(f"vocabulary learner did not put {RESERVED_TOKENS} first")
     return list(tokens)
@@ -239,8 +241,9 @@ def write_vocab(tokens: Sequence[str], path: str):
 
 def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
                 lowercase: bool = False, learn_params: Optional[Mapping] = None,
-                max_sentences: Optional[int] = None) -> List[str]:
-    """:func:`learn_vocab` + :func:`write_vocab`, with logging.
+                max_sentences: Optional[int] = None, min_count: int = 10) -> List[str]:
+    """:func:`learn_vocab` + :func:`write_vocab`, with logging (a WARNING when the vocabulary
+    falls short of ``vocab_size`` by more than 10%, naming ``min_count``).
 
     Args:
       paths: training text files.
@@ -249,15 +252,20 @@ def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
       lowercase: learn on lower-cased text.
       learn_params: extra arguments for the learner.
       max_sentences: learn from at most this many lines (``data.vocab_sample_size``).
+      min_count: see :func:`learn_vocab` (``data.vocab_min_count``).
 
     Returns:
       The tokens written.
     """
     logging.info("Learning a WordPiece vocabulary of about %d tokens from %s", vocab_size,
                  ", ".join(paths))
-    tokens = learn_vocab(paths, vocab_size, lowercase, learn_params, max_sentences)
+    tokens = learn_vocab(paths, vocab_size, lowercase, learn_params, max_sentences, min_count)
     write_vocab(tokens, output_path)
     logging.info("Wrote %d tokens to %s", len(tokens), output_path)
+    if len(tokens) < 0.9 * vocab_size:
+        logging.warning("The vocabulary has %d tokens, fewer than the %d asked for: the corpus "
+                        "has no more words or pieces seen at least %d times (data.vocab_min_count"
+                        "; lower it for a larger vocabulary)", len(tokens), vocab_size, min_count)
     return tokens
 
 
