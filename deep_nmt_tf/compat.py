@@ -27,10 +27,10 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   :func:`set_worker_heartbeat_timeout`, the heartbeat timeout after which the coordination
   service of ``MultiWorkerMirroredStrategy`` declares a worker lost (the strategy configures the
   service itself, with TensorFlow's default, only when none is configured yet).
-* ``tensorflow.python.eager.context.context().add_function_def`` and
-  ``tensorflow.python.eager.execute.execute``: :func:`register_function_defs` and
-  :func:`call_function`, how ``tf.function`` itself registers a traced function with the
-  runtime and calls it by name; the search cache (:mod:`deep_nmt_tf.export.search_cache`) runs
+* ``tensorflow.python.eager.context.context().add_function_def`` and ``.call_function``:
+  :func:`register_function_defs` and :func:`call_function`, how ``tf.function`` itself
+  registers a traced function with the runtime and calls it by name (with the context's
+  function-call options, so the graph is optimised as a ``tf.function`` call's is); the search cache (:mod:`deep_nmt_tf.export.search_cache`) runs
   saved searches this way without tracing them again.
 * ``PyDatasetAdapter._output_signature`` (TensorFlow backend): ``fit`` on TensorFlow turns a
   ``keras.utils.PyDataset`` into a ``tf.data`` generator whose shapes it guesses from the first
@@ -90,7 +90,7 @@ HOOKS = (
     "tensorflow.python.eager.context.configure_coordination_service",
     f"{_PY_DATASET_ADAPTER}.PyDatasetAdapter.{_OUTPUT_SIGNATURE}",
     "tensorflow.python.eager.context.add_function_def",
-    "tensorflow.python.eager.execute.execute",
+    "tensorflow.python.eager.context.call_function",
 )
 
 # --------------------------------------------------------------------------------------------
@@ -262,11 +262,10 @@ def register_function_defs(functions) -> None:
 
 def call_function(name: str, inputs, num_outputs: int) -> list:
     """Runs the registered function ``name`` eagerly on ``inputs`` (tensors, variable handles
-    included) and returns its ``num_outputs`` outputs."""
-    from tensorflow.python.eager import context, execute
+    included) as a ``tf.function`` call does, and returns its ``num_outputs`` outputs."""
+    from tensorflow.python.eager import context
 
-    return execute.execute(name, num_outputs=num_outputs, inputs=inputs, attrs=(),
-                           ctx=context.context())
+    return list(context.context().call_function(name.encode(), list(inputs), num_outputs))
 
 
 # --------------------------------------------------------------------------------------------

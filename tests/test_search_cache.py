@@ -38,26 +38,30 @@ def _entries(directory):
     return sorted(n for n in os.listdir(directory) if n.endswith(".functions.pb"))
 
 
-def test_cached_search_runs_without_the_model(model_dir, tmp_path):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_cached_search_runs_without_the_model(model_dir, tmp_path, precision):
+    """The same n-best lists as the traced search (bfloat16 included: its numerics depend on
+    the graph optimisations, which the cached call must get as a tf.function call does)."""
     cache = str(tmp_path / "searches")
     sources = _sources(model_dir)
-    plain = Translator.from_model_dir(model_dir, jit_compile=False)
+    options = dict(jit_compile=False, precision=precision)
+    plain = Translator.from_model_dir(model_dir, **options)
     expected = _summary(plain.translate(sources, batch_size=4, n_best=2))
 
-    first = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    first = Translator.from_model_dir(model_dir, search_cache=cache, **options)
     assert first._model is None  # Not built until a search has to be traced.
     assert _summary(first.translate(sources, batch_size=4, n_best=2)) == expected
     assert first._model is not None
     entries = _entries(cache)
     assert len(entries) >= 2  # Batches of two padded widths at least.
 
-    second = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    second = Translator.from_model_dir(model_dir, search_cache=cache, **options)
     assert _summary(second.translate(sources, batch_size=4, n_best=2)) == expected
     assert second._model is None, "the cached searches should not need the model"
     assert _entries(cache) == entries
 
     # Another beam size is another search: traced (building the model), then cached.
-    third = Translator.from_model_dir(model_dir, jit_compile=False, search_cache=cache)
+    third = Translator.from_model_dir(model_dir, search_cache=cache, **options)
     third.translate(sources[:2], beam_size=1)
     assert third._model is not None and len(_entries(cache)) > len(entries)
 
