@@ -43,6 +43,33 @@ def test_verbose_flag_parsing():
     assert _verbose_argv(["tool", "--", "-v"]) == (["tool", "--", "-v"], False)
 
 
+FAST_EXIT_TOOL = """
+import sys
+from absl import flags
+from deep_nmt_tf import cli
+flags.DEFINE_string("mode", "ok", "")
+def main(argv):
+    if flags.FLAGS.mode == "fail":
+        raise SystemExit("tool: error: bad input")
+    sys.stdout.write("x" * 200000)          # buffered, no newline: only a flush delivers it
+    sys.stderr.write("done")
+cli.run(main, fast_exit=True)
+print("not reached: os._exit skips the rest")
+"""
+
+
+def test_fast_exit_flushes_and_keeps_failures():
+    """cli.run(fast_exit=True) (translate, evaluate): a successful main's buffered output all
+    arrives and the process ends at once with status 0; a failing main exits as usual."""
+    ok = subprocess.run([sys.executable, "-c", FAST_EXIT_TOOL], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == "x" * 200000 and ok.stderr.endswith("done")
+    bad = subprocess.run([sys.executable, "-c", FAST_EXIT_TOOL, "--mode=fail"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "tool: error: bad input" in bad.stderr
+
+
 def test_progress_bar_and_eta():
     assert [format_duration(s) for s in (None, 5, 245, 7620, 3 * 86400 + 4 * 3600)] == \
         ["?", "5s", "4m05s", "2h07m", "3d04h"]

@@ -173,7 +173,8 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
     """Console-script entry point (``deep-nmt-translate``)."""
-    cli.run(main, flags_parser=parse_flags_with_compilation_cache)  # quiet unless --verbose
+    # Quiet unless --verbose; ends without the interpreter's TensorFlow teardown.
+    cli.run(main, flags_parser=parse_flags_with_compilation_cache, fast_exit=True)
 
 
 if __name__ == "__main__":
