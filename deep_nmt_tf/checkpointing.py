@@ -48,7 +48,8 @@ import tensorflow as tf
 from absl import logging
 
 __all__ = ["CheckpointError", "model_trackable", "model_checkpoint", "restore_model_weights",
-           "check_model_checkpoint", "checkpoint_step", "latest_checkpoint", "list_checkpoints",
+           "resolve_checkpoint", "model_variable_key", "check_model_checkpoint",
+           "checkpoint_step", "latest_checkpoint", "list_checkpoints",
            "find_checkpoints", "checkpoint_files", "checkpoint_problem",
            "newest_valid_checkpoint", "resume_checkpoint", "has_object", "CheckpointSaver"]
 
@@ -61,6 +62,11 @@ _MODEL_KEY = re.compile(r"^model/variables/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE$")
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, damaged or does not fit the model (the message names it)."""
+
+
+def model_variable_key(index: int) -> str:
+    """The checkpoint key of ``model.variables[index]`` (trainer and averaged checkpoints)."""
+    return f"model/variables/{index}/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def model_trackable(model) -> tf.train.Checkpoint:
@@ -286,6 +292,25 @@ def restore_model_weights(model, checkpoint: str) -> str:
     """
     if os.fspath(checkpoint).endswith(".weights.h5"):  # Written by fit (deep_nmt_tf.fit).
         return restore_keras_weights(model, checkpoint)
+    path = resolve_checkpoint(checkpoint)
+    rounded = any(v.dtype in ("bfloat16", "float16") for v in model.variables)
+    # Every model variable is there, same shape and dtype (float32 for a rounded one).
+    check_model_checkpoint(model, path, rounded=rounded)
+    if rounded:
+        _restore_cast(model, path)
+    else:
+        model_checkpoint(model).restore(path).expect_partial()
+    return path
+
+
+def resolve_checkpoint(checkpoint: str) -> str:
+    """The readable checkpoint that ``checkpoint`` names: a prefix (``MODEL_DIR/ckpt-N``) or a
+    directory (its newest valid one, :func:`latest_checkpoint`).
+
+    Raises:
+      FileNotFoundError: no checkpoint there (the message lists the directory's checkpoints).
+      CheckpointError: the checkpoint is damaged.
+    """
     path = checkpoint
     if tf.io.gfile.isdir(checkpoint):
         path = latest_checkpoint(checkpoint)
@@ -299,13 +324,6 @@ def restore_model_weights(model, checkpoint: str) -> str:
     problem = checkpoint_problem(path)
     if problem:
         raise CheckpointError(f"checkpoint {path} cannot be read: {problem}")
-    rounded = any(v.dtype in ("bfloat16", "float16") for v in model.variables)
-    # Every model variable is there, same shape and dtype (float32 for a rounded one).
-    check_model_checkpoint(model, path, rounded=rounded)
-    if rounded:
-        _restore_cast(model, path)
-    else:
-        model_checkpoint(model).restore(path).expect_partial()
     return path
 
 
@@ -315,7 +333,7 @@ def _restore_cast(model, path: str) -> None:
     dtype change)."""
     reader = tf.train.load_checkpoint(path)
     for i, variable in enumerate(model.variables):
-        key = f"model/variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
+        key = model_variable_key(i)
         variable.assign(tf.cast(reader.get_tensor(key), variable.dtype))
 
 

@@ -46,7 +46,8 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
-           "COMPILATION_CACHE_FLAG", "enable_compilation_cache", "search_cache_dir",
+           "JIT_COMPILE_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
+           "search_cache_dir",
            "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
@@ -62,6 +63,13 @@ PRECISION_FLAG: FlagDefinition = (
     flags.DEFINE_enum, "precision", "float32", ["float32", "bfloat16", "float16"],
     "Inference precision: the dtype of the weights and activations (the float32 checkpoint is "
     "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).")
+
+#: ``--jit_compile`` of the inference tools (translate, evaluate, export); unset (None) lets
+#: :func:`deep_nmt_tf.export.translator.default_jit_compile` choose.
+JIT_COMPILE_FLAG: FlagDefinition = (
+    flags.DEFINE_bool, "jit_compile", None,
+    "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
+    "without GPU or TPU, where the plain graph decodes faster).")
 
 #: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
 DEFAULT_COMPILATION_CACHE = os.path.join(

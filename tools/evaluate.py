@@ -44,8 +44,9 @@ from typing import Dict, List, Optional, Sequence, TextIO
 from absl import app, flags, logging
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
-                             define_flags, parse_flags_with_compilation_cache)
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, JIT_COMPILE_FLAG, PRECISION_FLAG,
+                             check_output_path, define_flags,
+                             parse_flags_with_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -72,9 +73,7 @@ define_flags([
      "sacreBLEU tokeniser of the tokenized BLEU ('intl', '13a', 'none' ...)."),
     (flags.DEFINE_string, "output", None, "Write the test translations here."),
     (flags.DEFINE_string, "json", None, "Write all scores as JSON here."),
-    (flags.DEFINE_bool, "jit_compile", None,
-     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
-     "without GPU or TPU, where the plain graph decodes faster)."),
+    JIT_COMPILE_FLAG,
     PRECISION_FLAG,
     COMPILATION_CACHE_FLAG,
 ])

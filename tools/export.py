@@ -21,7 +21,7 @@ from typing import Sequence
 from absl import app, flags
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
+from deep_nmt_tf.cli import JIT_COMPILE_FLAG, PRECISION_FLAG, define_flags
 
 FLAGS = flags.FLAGS
 
@@ -33,9 +33,7 @@ define_flags([
     (flags.DEFINE_string, "checkpoint", None, "Checkpoint prefix (default: the latest)."),
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.beam_size=8 (repeatable)."),
-    (flags.DEFINE_bool, "jit_compile", None,
-     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
-     "without GPU or TPU, where the plain graph decodes faster)."),
+    JIT_COMPILE_FLAG,
     PRECISION_FLAG,
     (flags.DEFINE_bool, "overwrite", False, "Replace an existing version directory."),
 ])

@@ -25,8 +25,9 @@ from typing import Iterable, List, Optional, Sequence
 from absl import app, flags
 
 from deep_nmt_tf import cli
-from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, PRECISION_FLAG, check_output_path,
-                             define_flags, parse_flags_with_compilation_cache)
+from deep_nmt_tf.cli import (COMPILATION_CACHE_FLAG, JIT_COMPILE_FLAG, PRECISION_FLAG,
+                             check_output_path, define_flags,
+                             parse_flags_with_compilation_cache)
 
 FLAGS = flags.FLAGS
 
@@ -45,9 +46,7 @@ define_flags([
                                                "decoding.batch_size).", 1),
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. decoding.max_length_a=2 (repeatable)."),
-    (flags.DEFINE_bool, "jit_compile", None,
-     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
-     "without GPU or TPU, where the plain graph decodes faster)."),
+    JIT_COMPILE_FLAG,
     PRECISION_FLAG,
     COMPILATION_CACHE_FLAG,
     (flags.DEFINE_bool, "progress", None, "Show a progress bar (default: when --input is "

@@ -264,8 +264,9 @@ def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
     logging.info("Wrote %d tokens to %s", len(tokens), output_path)
     if len(tokens) < 0.9 * vocab_size:
         logging.warning("The vocabulary has %d tokens, fewer than the %d asked for: the corpus "
-                        "has no more words or pieces seen at least %d times (data.vocab_min_count"
-                        "; lower it for a larger vocabulary)", len(tokens), vocab_size, min_count)
+                        "has no more words or pieces seen at least %d times (data.vocab_min_count, "
+                        "--min_count of deep-nmt-build-vocab: lower it for a larger vocabulary)",
+                        len(tokens), vocab_size, min_count)
     return tokens
 
 

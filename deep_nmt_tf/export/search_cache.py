@@ -34,13 +34,14 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf import compat
+from deep_nmt_tf.checkpointing import model_variable_key
 
 __all__ = ["SearchCache", "CachedSearch", "search_key"]
 
 #: Bumped when the file layout changes (old entries then simply miss).
 CACHE_FORMAT = 1
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CODE = ("layers", "models", "decoding", "compat.py", "export/translator.py",
+_CODE = ("layers", "models", "decoding", "compat.py", "constants.py", "export/translator.py",
          "export/search_cache.py")
 
 
@@ -135,7 +136,7 @@ class CachedSearch:
         shapes = reader.get_variable_to_shape_map()
         out = {}
         for i in self.captures:
-            key = f"model/variables/{i}/.ATTRIBUTES/VARIABLE_VALUE"
+            key = model_variable_key(i)
             shape, dtype = self.variable_specs[str(i)]
             if key not in shapes or list(shapes[key]) != list(shape):
                 return None

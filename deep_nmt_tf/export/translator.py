@@ -77,10 +77,8 @@ def default_jit_compile(compute_dtype) -> bool:
     return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
-def _resolve_jit_compile(jit_compile: Optional[bool], model) -> bool:
-    if jit_compile is not None:
-        return bool(jit_compile)
-    return default_jit_compile(model.dtype_policy.compute_dtype)
+def _resolve_jit_compile(jit_compile: Optional[bool], compute_dtype) -> bool:
+    return bool(jit_compile) if jit_compile is not None else default_jit_compile(compute_dtype)
 
 #: Largest beam accepted by the ``beam_size`` input of ``translate_text_with_options``.
 MAX_BEAM_SIZE = 64
@@ -158,7 +156,7 @@ class TranslationModule(tf.Module):
         self.model_variables = [compat.tf_variable(v) for v in model.variables]
         self.tokenizer = tokenizer
         self.decoding = decoding
-        self.jit_compile = _resolve_jit_compile(jit_compile, model)
+        self.jit_compile = _resolve_jit_compile(jit_compile, model.dtype_policy.compute_dtype)
         self.pad_to_multiple = max(1, int(pad_to_multiple))
         self.min_length = int(min_length)
         self.vocab_size = int(model.vocab_size)
@@ -301,8 +299,7 @@ class Translator:
         self.precision = precision
         self.tokenizer = tokenizer
         self.config = config
-        self.jit_compile = (bool(jit_compile) if jit_compile is not None
-                            else default_jit_compile(precision))
+        self.jit_compile = _resolve_jit_compile(jit_compile, precision)
         self.pad_to_multiple = pad_to_multiple
         self.min_length = min_length
         self.search_cache = search_cache
@@ -351,7 +348,7 @@ class Translator:
           FileNotFoundError: no ``config.yaml``, no (such) checkpoint.
           CheckpointError: the checkpoint is damaged or of another model.
         """
-        from deep_nmt_tf.checkpointing import CheckpointError, checkpoint_problem
+        from deep_nmt_tf.checkpointing import resolve_checkpoint
         from deep_nmt_tf.export.search_cache import SearchCache
         from deep_nmt_tf.models import build_model
         from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
@@ -365,8 +362,8 @@ class Translator:
         run_dir.check_vocab(vocab, run_dir.config_path)
         tokenizer = build_tokenizer(config, vocab)
         policy = INFERENCE_POLICIES[precision]
-        checked = checkpoint is None
-        if checkpoint is None:
+        latest = checkpoint is None
+        if latest:
             checkpoint = run_dir.latest_checkpoint()  # (the newest readable one)
             if checkpoint is None:
                 raise FileNotFoundError(f"no checkpoint in {model_dir}")
@@ -375,15 +372,11 @@ class Translator:
                              jit_compile=jit_compile, pad_to_multiple=pad_to_multiple)
             translator.restore(checkpoint)
             return translator
-        if not tf.io.gfile.exists(checkpoint + ".index"):
-            restore_model_weights(build_model(config, dtype=policy), checkpoint)  # Its error.
-        problem = None if checked else checkpoint_problem(checkpoint)
-        if problem:
-            raise CheckpointError(f"checkpoint {checkpoint} cannot be read: {problem}")
         translator = cls(lambda: build_model(config, dtype=policy), tokenizer, config,
                          jit_compile=jit_compile, pad_to_multiple=pad_to_multiple,
                          precision=precision, search_cache=SearchCache(search_cache))
-        translator.restore(checkpoint)
+        # Without the model's restore, a given checkpoint is checked here (missing, damaged).
+        translator.restore(checkpoint if latest else resolve_checkpoint(checkpoint))
         return translator
 
     def restore(self, checkpoint_path: str):
