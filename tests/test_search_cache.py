@@ -149,3 +149,29 @@ def test_host_source_preparation_matches_the_graph_one(model_dir, tmp_path):
                            config.decoding.max_input_length, translator.pad_to_multiple)
     assert host.numpy().tolist() == graph.numpy().tolist()
     assert translator._model is None
+
+
+def test_cache_keeps_the_most_recently_used_entries(tmp_path):
+    """Saving beyond max_entries removes the least recently used entry; a load counts as a
+    use; the entry just written is never the one removed."""
+    import tensorflow as tf
+
+    from deep_nmt_tf.export.search_cache import SearchCache
+
+    variable = tf.Variable([1.0, 2.0])
+    fn = tf.function(lambda source_ids, length_penalty: {
+        "scores": tf.cast(source_ids, tf.float32) * variable * length_penalty})
+    concrete = fn.get_concrete_function(tf.TensorSpec([2], tf.int32),
+                                        tf.TensorSpec([], tf.float32))
+    cache = SearchCache(str(tmp_path), max_entries=2)
+    assert cache.save("a" * 64, concrete, [variable]) and cache.save("b" * 64, concrete, [variable])
+    for key, when in (("a" * 64, 1), ("b" * 64, 2)):  # a older than b
+        for path in cache._paths(key):
+            os.utime(path, (when, when))
+    loaded = cache.load("a" * 64)  # a is now the most recently used
+    out = loaded(tf.constant([3, 4]), tf.constant(2.0), {0: variable})
+    assert out["scores"].numpy().tolist() == [6.0, 16.0]
+    assert cache.save("c" * 64, concrete, [variable])
+    assert _entries(str(tmp_path)) == ["a" * 64 + ".functions.pb", "c" * 64 + ".functions.pb"]
+    with pytest.raises(ValueError, match="max_entries"):
+        SearchCache(str(tmp_path), max_entries=0)

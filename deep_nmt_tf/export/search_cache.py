@@ -40,6 +40,8 @@ __all__ = ["SearchCache", "CachedSearch", "search_key"]
 
 #: Bumped when the file layout changes (old entries then simply miss).
 CACHE_FORMAT = 1
+#: Entries a :class:`SearchCache` keeps by default (each a few hundred KB).
+DEFAULT_MAX_ENTRIES = 256
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CODE = ("layers", "models", "decoding", "compat.py", "constants.py", "export/translator.py",
          "export/search_cache.py")
@@ -147,12 +149,19 @@ class CachedSearch:
 class SearchCache:
     """A directory of traced searches (module docstring).
 
+    The directory is bounded: saving an entry removes the least recently used ones beyond
+    ``max_entries`` (an entry is "used" when written or loaded; a few hundred KB each).
+
     Args:
       directory: where the entries live (created when the first one is saved).
+      max_entries: how many entries to keep at most (>= 1).
     """
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, max_entries: int = DEFAULT_MAX_ENTRIES):
+        if int(max_entries) < 1:
+            raise ValueError(f"SearchCache: max_entries must be at least 1, got {max_entries}")
         self.directory = directory
+        self.max_entries = int(max_entries)
         self._loaded: Dict[str, CachedSearch] = {}
 
     def _paths(self, key: str):
@@ -191,7 +200,32 @@ class SearchCache:
         except OSError as e:
             logging.warning("Search cache: could not write %s: %s", functions_path, e)
             return False
+        self._prune(keep=key)
         return True
+
+    def _prune(self, keep: str):
+        """Removes the least recently used entries beyond ``max_entries`` (never ``keep``)."""
+        try:
+            names = [n[:-len(".json")] for n in os.listdir(self.directory) if n.endswith(".json")]
+            used = {k: os.path.getmtime(os.path.join(self.directory, k + ".json")) for k in names}
+        except OSError:
+            return
+        for key in sorted((k for k in used if k != keep), key=used.get)[:max(
+                0, len(used) - self.max_entries)]:
+            for path in self._paths(key):
+                try:
+                    os.remove(path)
+                except OSError:  # Already gone (another process pruned it): fine.
+                    pass
+            self._loaded.pop(key, None)
+
+    def _touch(self, key: str):
+        """Marks ``key`` as used (its files' modification time) for :meth:`_prune`."""
+        for path in self._paths(key):
+            try:
+                os.utime(path)
+            except OSError:
+                pass
 
     def load(self, key: str) -> Optional[CachedSearch]:
         """The entry of ``key`` registered with TensorFlow's runtime, or ``None`` (no entry, or
@@ -220,4 +254,5 @@ class SearchCache:
                             functions_path, type(e).__name__, e)
             return None
         self._loaded[key] = cached
+        self._touch(key)
         return cached

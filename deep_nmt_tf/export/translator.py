@@ -306,6 +306,8 @@ class Translator:
         self.checkpoint_path: Optional[str] = None
         self._modules: Dict[Tuple[int, int], TranslationModule] = {}
         self._cached_variables: Dict[str, Dict[int, tf.Variable]] = {}
+        self._search_keys: Dict[Tuple, str] = {}
+        self._saved_keys = set()
 
     @property
     def model(self):
@@ -410,23 +412,32 @@ class Translator:
         is then never built), else traced (and added to the cache)."""
         cache, key = self.search_cache, None
         if cache is not None:
-            from deep_nmt_tf.export.search_cache import search_key
-
-            decoding = dataclasses.replace(self.config.decoding, beam_size=int(beam_size),
-                                           n_best=max(1, min(int(n_best), int(beam_size))))
-            key = search_key(self.config.model, decoding, self.precision, self.jit_compile,
-                             self.min_length, source_ids.shape)
+            key = self._search_key(int(beam_size), int(n_best), tuple(source_ids.shape))
             cached = cache.load(key)
             variables = self._checkpoint_variables(cached) if cached is not None else None
             if variables is not None:
                 return cached(source_ids, length_penalty, variables)
         module = self.module_for(beam_size, n_best)
         out = module.search_ids(source_ids, length_penalty)
-        if key is not None:
+        if key is not None and key not in self._saved_keys:
             function = module._search_fn.get_concrete_function(
                 source_ids, tf.constant(length_penalty, tf.float32))
             cache.save(key, function, module.model_variables)
+            self._saved_keys.add(key)  # (Saved once per process, whatever the outcome.)
         return out
+
+    def _search_key(self, beam_size: int, n_best: int, shape) -> str:
+        """:func:`~deep_nmt_tf.export.search_cache.search_key` of a search (memoised: the
+        config's digest is the same for every batch of a width)."""
+        from deep_nmt_tf.export.search_cache import search_key
+
+        memo = (beam_size, n_best, shape)
+        if memo not in self._search_keys:
+            decoding = dataclasses.replace(self.config.decoding, beam_size=beam_size,
+                                           n_best=max(1, min(n_best, beam_size)))
+            self._search_keys[memo] = search_key(self.config.model, decoding, self.precision,
+                                                 self.jit_compile, self.min_length, shape)
+        return self._search_keys[memo]
 
     def _prepare_rows(self, rows: List[List[int]]) -> tf.Tensor:
         """:func:`prepare_source` of token-id lists, on the host (no eager ragged ops)."""
