@@ -47,8 +47,7 @@ from absl import logging as absl_logging
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
            "JIT_COMPILE_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
-           "search_cache_dir",
-           "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
+           "prune_compilation_cache", "search_cache_dir", "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -97,8 +96,39 @@ def enable_compilation_cache(directory: str) -> bool:
     if not directory or "tf_xla_persistent_cache_directory" in current:
         return False
     os.makedirs(directory, exist_ok=True)
+    prune_compilation_cache(directory)
     os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={directory}"
     return True
+
+
+#: The most bytes of XLA entries :func:`prune_compilation_cache` leaves (about 1-2 MB each).
+COMPILATION_CACHE_MAX_BYTES = 512 * 2**20
+
+
+def prune_compilation_cache(directory: str, max_bytes: int = COMPILATION_CACHE_MAX_BYTES) -> int:
+    """Removes the oldest XLA entries of ``directory`` (TensorFlow's ``xla_compile_cache__*``
+    files, by modification time) until the rest fit in ``max_bytes``; TensorFlow never evicts
+    them itself.  A removed entry is simply compiled again when next needed.  Returns how many
+    were removed."""
+    try:
+        entries = []
+        for name in os.listdir(directory):
+            if name.startswith("xla_compile_cache__"):
+                stat = os.stat(os.path.join(directory, name))
+                entries.append((stat.st_mtime, stat.st_size, name))
+    except OSError:
+        return 0
+    total, removed = sum(size for _, size, _ in entries), 0
+    for _, size, name in sorted(entries):
+        if total <= max_bytes:
+            break
+        try:
+            os.remove(os.path.join(directory, name))
+            removed += 1
+        except OSError:  # Removed by another process meanwhile: fine.
+            pass
+        total -= size
+    return removed
 
 
 def search_cache_dir(compilation_cache: str) -> Optional[str]:

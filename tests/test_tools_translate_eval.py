@@ -220,3 +220,22 @@ def test_compilation_cache_is_set_before_tensorflow_starts(tool, tmp_path):
             assert expected in line
         else:
             assert line == "XLA"
+
+
+def test_compilation_cache_keeps_the_newest_entries_within_its_budget(tmp_path):
+    """TensorFlow never evicts its persistent XLA entries: enabling the cache removes the
+    oldest beyond the budget, and only XLA's own entry files."""
+    from deep_nmt_tf.cli import prune_compilation_cache
+
+    names = [f"xla_compile_cache__{i}__0__XLA_CPU_JIT.pb" for i in range(4)]
+    for age, name in enumerate(names):  # names[0] newest, names[3] oldest
+        path = tmp_path / name
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1000 - age, 1000 - age))
+    (tmp_path / "searches").mkdir()
+    (tmp_path / "notes.txt").write_bytes(b"y" * 1000)
+    assert prune_compilation_cache(str(tmp_path), max_bytes=250) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        names[:2] + ["searches", "notes.txt"])
+    assert prune_compilation_cache(str(tmp_path), max_bytes=250) == 0
+    assert prune_compilation_cache(str(tmp_path / "missing"), max_bytes=0) == 0
