@@ -77,6 +77,28 @@ def test_attention_step_cache_matches_full():
         np.testing.assert_allclose(to_numpy(y)[:, 0], full[:, t], atol=1e-5)
 
 
+@pytest.mark.parametrize("shape,axis", [((3, 4, 5, 2), 2), ((3, 6), 1), ((5, 3), 0)])
+def test_write_step_writes_one_slot_and_keeps_the_rest(shape, axis):
+    """The decoding buffers' write: the slot at ``step`` along ``axis`` takes the update
+    (whatever it held), every other value is kept, the dtype is the buffer's."""
+    from deep_nmt_tf.layers.attention import write_step
+
+    rng = np.random.default_rng(0)
+    buffer = rng.normal(size=shape).astype("float32")
+    update_shape = list(shape)
+    update_shape[axis] = 1
+    update = rng.normal(size=update_shape).astype("float32")
+    step = shape[axis] - 2
+    out = to_numpy(write_step(ops.convert_to_tensor(buffer), update, step, axis))
+    expected = buffer.copy()
+    index = [slice(None)] * len(shape)
+    index[axis] = slice(step, step + 1)
+    expected[tuple(index)] = update
+    np.testing.assert_array_equal(out, expected)
+    ids = to_numpy(write_step(ops.zeros(shape, "int32"), np.full(update_shape, 7), step, axis))
+    assert ids.dtype == np.int32 and ids.sum() == 7 * np.prod(update_shape)
+
+
 def test_embedding_scale_and_tied_logits():
     emb = layers.TokenEmbedding(11, 8)
     ids = np.array([[1, 2, 3]], "int32")

@@ -50,19 +50,29 @@ def step_bias(step, max_length):
 def write_step(buffer, update, step, axis):
     """Returns ``buffer`` with ``update`` (size 1 along ``axis``) written at index ``step``.
 
-    The slot must still hold zeros (decoding buffers are zero-initialised and each position is
-    written once).  A masked add rather than a dynamic-update-slice: TensorFlow implements
-    ``keras.ops.slice_update`` with an XLA-only op, which TF Serving's default configuration
-    (XLA disabled) cannot run; this form is a plain graph on every backend, and XLA fuses it.
+    A scatter (``keras.ops.scatter_update``: one slice per index of the dimensions before
+    ``axis``), not a dynamic-update-slice: TensorFlow implements ``keras.ops.slice_update``
+    with an XLA-only op, which TF Serving's default configuration (XLA disabled) cannot run,
+    while a scatter is a plain TensorFlow op on every backend (XLA and JAX update in place).
+    Without XLA, TensorFlow still copies the buffer once per write, but the scatter replaced a
+    masked add (``buffer + onehot * update``, two full-size passes): in bfloat16 without XLA the
+    writes' op time fell from about 1.1 s to 0.33 s per three greedy searches of
+    Transformer-base, and beam 4 decoded 8-13% faster (BENCHMARKS.md, "Decoding").
     """
-    length = buffer.shape[axis]
-    if length is None:
-        length = ops.shape(buffer)[axis]
-    onehot = ops.cast(ops.equal(ops.arange(length, dtype="int32"), ops.cast(step, "int32")),
-                      buffer.dtype)
-    shape = [1] * len(buffer.shape)
-    shape[axis] = length
-    return buffer + ops.reshape(onehot, shape) * ops.cast(update, buffer.dtype)
+    shape = ops.shape(buffer)
+    lead = 1
+    for k in range(axis):
+        lead = lead * shape[k]
+    flat = ops.arange(lead, dtype="int32")
+    columns, stride = [], lead
+    for k in range(axis):  # Row-major coordinates of each leading index.
+        stride = stride // shape[k]
+        columns.append((flat // stride) % shape[k])
+    columns.append(ops.full_like(flat, ops.cast(step, "int32")))
+    indices = ops.stack(columns, axis=1)
+    trailing = tuple(shape[k] for k in range(axis + 1, len(buffer.shape)))
+    updates = ops.reshape(ops.cast(update, buffer.dtype), (lead,) + trailing)
+    return ops.scatter_update(buffer, indices, updates)
 
 
 def split_heads(x, num_heads):
