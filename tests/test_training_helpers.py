@@ -130,7 +130,13 @@ def optimizer_state(trainer):
     return [np.array(v.numpy()) for v in trainer.optimizer.variables]
 
 
-def run_python(code, env=None, timeout=300):
+#: Seconds a test's subprocess may run: a hang still fails, but a loaded 2-core machine must
+#: not (test_mirrored_strategy_matches_default takes 97 s beside a training, and passed 300 s
+#: when the suite's two workers and a training shared the cores).
+SUBPROCESS_TIMEOUT = 600
+
+
+def run_python(code, env=None, timeout=SUBPROCESS_TIMEOUT):
     """Runs ``code`` in a fresh Python with ``tests/`` and the repo on sys.path."""
     import subprocess
 
@@ -142,7 +148,7 @@ def run_python(code, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_tool(name, *args, input=None, timeout=300, cwd=None, env=None):
+def run_tool(name, *args, input=None, timeout=SUBPROCESS_TIMEOUT, cwd=None, env=None):
     """Runs ``python -m deep_nmt_tf.tools.<name> *args`` in a fresh process, the way an installed
     package runs: from outside the source tree (``cwd``: the temporary directory by default), so
     that ``deep_nmt_tf`` and its ``tools`` are the installed ones (editable or not); ``env``
