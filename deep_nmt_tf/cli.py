@@ -47,7 +47,8 @@ from absl import logging as absl_logging
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
            "JIT_COMPILE_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
-           "prune_compilation_cache", "search_cache_dir", "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
+           "prune_compilation_cache", "search_cache_dir", "parse_flags_with_compilation_cache",
+           "resume_command", "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -111,13 +112,16 @@ def prune_compilation_cache(directory: str, max_bytes: int = COMPILATION_CACHE_M
     them itself.  A removed entry is simply compiled again when next needed.  Returns how many
     were removed."""
     try:
-        entries = []
-        for name in os.listdir(directory):
-            if name.startswith("xla_compile_cache__"):
-                stat = os.stat(os.path.join(directory, name))
-                entries.append((stat.st_mtime, stat.st_size, name))
+        names = [n for n in os.listdir(directory) if n.startswith("xla_compile_cache__")]
     except OSError:
         return 0
+    entries = []
+    for name in names:
+        try:
+            stat = os.stat(os.path.join(directory, name))
+        except OSError:  # Removed by another process meanwhile.
+            continue
+        entries.append((stat.st_mtime, stat.st_size, name))
     total, removed = sum(size for _, size, _ in entries), 0
     for _, size, name in sorted(entries):
         if total <= max_bytes:

@@ -30,8 +30,9 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
 * ``tensorflow.python.eager.context.context().add_function_def`` and ``.call_function``:
   :func:`register_function_defs` and :func:`call_function`, how ``tf.function`` itself
   registers a traced function with the runtime and calls it by name (with the context's
-  function-call options, so the graph is optimised as a ``tf.function`` call's is); the search cache (:mod:`deep_nmt_tf.export.search_cache`) runs
-  saved searches this way without tracing them again.
+  function-call options, so the graph is optimised as a ``tf.function`` call's is); the search
+  cache (:mod:`deep_nmt_tf.export.search_cache`) runs saved searches this way without tracing
+  them again.
 * ``PyDatasetAdapter._output_signature`` (TensorFlow backend): ``fit`` on TensorFlow turns a
   ``keras.utils.PyDataset`` into a ``tf.data`` generator whose shapes it guesses from the first
   two batches, so token batches of other widths later fail.  :func:`allow_variable_batch_shapes`
