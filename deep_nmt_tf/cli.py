@@ -45,6 +45,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from absl import app, flags
 from absl import logging as absl_logging
 
+from deep_nmt_tf import eviction
+
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
            "JIT_COMPILE_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
            "prune_compilation_cache", "search_cache_dir", "parse_flags_with_compilation_cache",
@@ -117,22 +119,11 @@ def prune_compilation_cache(directory: str, max_bytes: int = COMPILATION_CACHE_M
         return 0
     entries = []
     for name in names:
-        try:
-            stat = os.stat(os.path.join(directory, name))
-        except OSError:  # Removed by another process meanwhile.
-            continue
-        entries.append((stat.st_mtime, stat.st_size, name))
-    total, removed = sum(size for _, size, _ in entries), 0
-    for _, size, name in sorted(entries):
-        if total <= max_bytes:
-            break
-        try:
-            os.remove(os.path.join(directory, name))
-            removed += 1
-        except OSError:  # Removed by another process meanwhile: fine.
-            pass
-        total -= size
-    return removed
+        path = os.path.join(directory, name)
+        stat = eviction.stat_or_none(path)
+        if stat is not None:
+            entries.append((name, stat.st_mtime, stat.st_size, (path,)))
+    return len(eviction.remove_oldest(entries, budget=max_bytes))
 
 
 def search_cache_dir(compilation_cache: str) -> Optional[str]:

@@ -175,3 +175,21 @@ def test_cache_keeps_the_most_recently_used_entries(tmp_path):
     assert _entries(str(tmp_path)) == ["a" * 64 + ".functions.pb", "c" * 64 + ".functions.pb"]
     with pytest.raises(ValueError, match="max_entries"):
         SearchCache(str(tmp_path), max_entries=0)
+
+
+def test_eviction_removes_oldest_first_within_the_budget(tmp_path):
+    """Both caches' eviction: the least recently used entries go first, all their files, until
+    the rest fit the budget; a file another process removed meanwhile is no error."""
+    from deep_nmt_tf.eviction import remove_oldest
+
+    entries = []
+    for key, when, cost in (("new", 30, 5), ("old", 10, 5), ("mid", 20, 5)):
+        paths = [str(tmp_path / f"{key}.{i}") for i in range(2)]
+        for path in paths:
+            open(path, "w").close()
+        entries.append((key, when, cost, paths))
+    os.remove(tmp_path / "mid.1")  # gone already
+    assert remove_oldest(entries, budget=15) == []
+    assert remove_oldest(entries, budget=6) == ["old", "mid"]
+    assert sorted(os.listdir(tmp_path)) == ["new.0", "new.1"]
+    assert remove_oldest(entries[:1], budget=0) == ["new"] and not os.listdir(tmp_path)

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf import compat
+from deep_nmt_tf import compat, eviction
 from deep_nmt_tf.checkpointing import model_variable_key
 
 __all__ = ["SearchCache", "CachedSearch", "search_key"]
@@ -206,17 +206,15 @@ class SearchCache:
     def _prune(self, keep: str):
         """Removes the least recently used entries beyond ``max_entries`` (never ``keep``)."""
         try:
-            names = [n[:-len(".json")] for n in os.listdir(self.directory) if n.endswith(".json")]
-            used = {k: os.path.getmtime(os.path.join(self.directory, k + ".json")) for k in names}
+            keys = [n[:-len(".json")] for n in os.listdir(self.directory) if n.endswith(".json")]
         except OSError:
             return
-        for key in sorted((k for k in used if k != keep), key=used.get)[:max(
-                0, len(used) - self.max_entries)]:
-            for path in self._paths(key):
-                try:
-                    os.remove(path)
-                except OSError:  # Already gone (another process pruned it): fine.
-                    pass
+        entries = []
+        for key in keys:
+            stat = eviction.stat_or_none(self._paths(key)[1])
+            if stat is not None and key != keep:
+                entries.append((key, stat.st_mtime, 1, self._paths(key)))
+        for key in eviction.remove_oldest(entries, budget=self.max_entries - 1):
             self._loaded.pop(key, None)
 
     def _touch(self, key: str):
