@@ -277,7 +277,9 @@ def _average(run: PlannedRun, run_dir: str, state: _State) -> str:
     out = os.path.join(run_dir, "averaged")
     checkpoints = RunDir(run_dir).list_checkpoints()[-run.average_last:]
     if state.data.get("averaged") != checkpoints:
-        average_checkpoints(run_dir, out, checkpoints=checkpoints)
+        # ``averaged/`` is this tool's own output, derived from the run's checkpoints: replaced
+        # even when it names checkpoints elsewhere (a run directory copied or moved here).
+        average_checkpoints(run_dir, out, checkpoints=checkpoints, overwrite=True)
         state.data["averaged"] = checkpoints
         state.data.pop("decoding", None)  # a new average: decode again
         state.data.pop("tests", None)

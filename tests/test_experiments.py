@@ -131,6 +131,18 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     decoding = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))[
         "baseline"]["decoding"]
     assert decoding["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4, 1.6)
+    # A moved output directory: its checkpoints are averaged again in their new place (the old
+    # average names the old paths) and the same average decodes to the same scores.
+    moved = str(tmp_path / "moved")
+    os.rename(out, moved)
+    proc = run_tool("experiment", *[a.replace(out, moved) for a in args], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "training from update" not in proc.stderr
+    entry_moved = json.load(open(os.path.join(moved, "results.json"), encoding="utf-8"))[
+        "baseline"]
+    assert entry_moved["test2016"] == entry["test2016"]
+    assert open(os.path.join(moved, "runs", "baseline", "averaged", "averaged_checkpoints.txt"),
+                encoding="utf-8").read().count(moved) == 3
 
 
 @pytest.mark.parametrize("lowercase", [False, True])
