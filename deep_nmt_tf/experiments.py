@@ -238,9 +238,27 @@ def _hardware() -> str:
     return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
 
 
+def _check_seed(run: PlannedRun, run_dir: str, state: _State) -> None:
+    """Refuses a run directory trained with another seed (a run named without ``-seedN``, asked
+    for another seed with ``--seeds``): resuming it would label one seed's model as another's."""
+    from deep_nmt_tf.run_dir import RunDir
+
+    seed = state.data.get("training", {}).get("seed")
+    if seed is None:
+        saved = RunDir(run_dir).saved_config()
+        seed = None if saved is None else saved.training.seed
+    if seed is not None and int(seed) != run.seed:
+        raise ValueError(
+            f"{run_dir} holds {run.name!r} trained with training.seed={seed}, but seed "
+            f"{run.seed} was asked for: give another --output_dir, or several seeds "
+            f"(--seeds={seed},{run.seed} names the runs {run.base}-seed{seed}, "
+            f"{run.base}-seed{run.seed})")
+
+
 def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) -> None:
     from deep_nmt_tf.training import Trainer
 
+    _check_seed(run, run_dir, state)
     trainer = Trainer(config, run_dir)
     done = int(trainer.step.numpy())
     target = config.training.train_steps

@@ -87,6 +87,32 @@ def test_the_table_does_not_report_training_it_did_not_time():
         "part or wholly outside the tool are not fully counted).")
 
 
+def test_a_run_directory_of_another_seed_is_refused(tmp_path):
+    """``--seeds=2`` for a run named without ``-seedN`` would resume (or re-score) the seed-1
+    run in the same directory: refused, naming both seeds, whether the seed is known from the
+    tool's record or from the config of a run adopted from deep-nmt-train."""
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.experiments import _check_seed, _State
+    from deep_nmt_tf.run_dir import RunDir
+
+    suite = load_suite(SUITE)
+    run = planned_runs(suite, only=["baseline"], seeds=[2])[0]
+    assert run.name == "baseline" and run.seed == 2
+    recorded = tmp_path / "recorded"
+    recorded.mkdir()
+    (recorded / "experiment.json").write_text(json.dumps({"training": {"seed": 1}}))
+    state = _State(str(recorded / "experiment.json"))
+    with pytest.raises(ValueError, match=r"training.seed=1, but seed 2 .*baseline-seed1"):
+        _check_seed(run, str(recorded), state)
+    adopted = tmp_path / "adopted"
+    RunDir(str(adopted)).write_config(load_config(None, ["training.seed=1"]))
+    with pytest.raises(ValueError, match="training.seed=1, but seed 2"):
+        _check_seed(run, str(adopted), _State(str(adopted / "experiment.json")))
+    _check_seed(planned_runs(suite, only=["baseline"], seeds=[1])[0], str(adopted),
+                _State(str(adopted / "experiment.json")))  # the same seed: resumes
+    _check_seed(run, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
+
+
 def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     from test_training_helpers import run_tool
 
