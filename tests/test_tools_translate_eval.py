@@ -45,6 +45,9 @@ def test_evaluator_reproduces_sacrebleu_on_fixed_files(tmp_path):
         sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score, abs=1e-9)
     assert scores["tok_bleu"] == pytest.approx(
         sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES], tokenize="intl").score, abs=1e-9)
+    assert scores["bleu_lc"] == pytest.approx(
+        sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES], lowercase=True).score, abs=1e-9)
+    assert "case:lc" in scores["bleu_lc_signature"] and "tok:13a" in scores["bleu_lc_signature"]
     assert "tok:13a" in scores["bleu_signature"] and "nrefs:1" in scores["bleu_signature"]
     assert "tok:intl" in scores["tok_bleu_signature"]
     assert "nc:6" in scores["chrf_signature"]
@@ -67,7 +70,8 @@ def test_scores_of_a_lowercased_model_are_case_insensitive():
     scores = corpus_scores(lowered, REFERENCES, lowercase=True)
     assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
     assert "case:lc" in scores["bleu_signature"] and "case:lc" in scores["tok_bleu_signature"]
-    assert corpus_scores(lowered, REFERENCES)["bleu"] < 100.0
+    cased = corpus_scores(lowered, REFERENCES)
+    assert cased["bleu"] < 100.0 and cased["bleu_lc"] == pytest.approx(100.0)
     assert corpus_bleu(lowered, REFERENCES, lowercase=True) == pytest.approx(100.0)
     assert corpus_bleu(lowered, REFERENCES) < 100.0
 

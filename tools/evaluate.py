@@ -1,4 +1,5 @@
-r"""Scores a model on a test set: sacreBLEU BLEU and chrF, and the papers' tokenized BLEU.
+r"""Scores a model on a test set: sacreBLEU BLEU (cased and lowercased) and chrF, and the
+papers' tokenized BLEU.
 
 One checkpoint (default: the latest)::
 
@@ -24,6 +25,7 @@ files are used.
 Output: the scores with their sacreBLEU signatures, e.g.::
 
     BLEU = 31.42 (nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0)
+    BLEU lowercased = 32.17 (nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0)
     chrF2 = 58.10 (nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0)
     tokenized BLEU = 33.05 (nrefs:1|case:mixed|eff:no|tok:intl|smooth:exp|version:2.6.0)
 
@@ -139,6 +141,7 @@ def evaluate_translator(translator, source_path: str, reference_path: str,
 def format_scores(scores: Dict[str, object]) -> str:
     return "\n".join([
         f"BLEU = {scores['bleu']:.2f} ({scores['bleu_signature']})",
+        f"BLEU lowercased = {scores['bleu_lc']:.2f} ({scores['bleu_lc_signature']})",
         f"chrF2 = {scores['chrf']:.2f} ({scores['chrf_signature']})",
         f"tokenized BLEU = {scores['tok_bleu']:.2f} ({scores['tok_bleu_signature']})",
         f"  {scores['bleu_line']}",

@@ -3,6 +3,8 @@
 Three scores, each with its sacreBLEU signature (the reproducibility string of Post 2018):
 
 * ``bleu``: sacreBLEU BLEU on detokenised text, default 13a tokenisation, case-sensitive;
+* ``bleu_lc``: the same BLEU on lowercased text (``lowercase=True``), the figure that papers
+  scoring lowercased text report (Multi30k, ``docs/RESULTS.md``);
 * ``chrf``: sacreBLEU chrF2 (character 6-grams, beta 2);
 * ``tok_bleu``: the papers' "tokenized BLEU" (Vaswani et al. 2017; Chen et al. 2018 report
   ``multi-bleu.perl`` on Moses-tokenised text).  Computed here as sacreBLEU BLEU with
@@ -40,9 +42,9 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
         on lowercased text (``data.lowercase``).
 
     Returns:
-      dict with floats ``bleu``, ``chrf``, ``tok_bleu``, signature strings ``bleu_signature``,
-      ``chrf_signature``, ``tok_bleu_signature`` and the full score lines ``bleu_line``,
-      ``chrf_line``, ``tok_bleu_line`` (``BLEU = 27.3 58.1/33.0/... (BP = ...)``).
+      dict with floats ``bleu``, ``bleu_lc``, ``chrf``, ``tok_bleu``, their signature strings
+      (``bleu_signature`` ...) and full score lines (``bleu_line`` ...: ``BLEU = 27.3
+      58.1/33.0/... (BP = ...)``).
 
     Raises:
       ValueError: different numbers of hypotheses and references.
@@ -53,7 +55,8 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     out: Dict[str, object] = {}
-    for key, metric in (("bleu", BLEU(lowercase=lowercase)), ("chrf", CHRF(lowercase=lowercase)),
+    for key, metric in (("bleu", BLEU(lowercase=lowercase)), ("bleu_lc", BLEU(lowercase=True)),
+                        ("chrf", CHRF(lowercase=lowercase)),
                         ("tok_bleu", BLEU(tokenize=tokenized_bleu_tokenize,
                                           lowercase=lowercase))):
         result = metric.corpus_score(hypotheses, [references])
