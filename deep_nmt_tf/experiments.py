@@ -465,6 +465,10 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
         return tuple(os.path.abspath(os.path.join(data_dir, f"{name}.{suffix}"))
                      for suffix in (suite.source_suffix, suite.target_suffix))
 
+    for override in overrides:
+        if override.split("=", 1)[0].strip() == "training.seed":
+            raise ValueError(f"--override={override}: the seed of a run is set with --seeds "
+                             "(it names the run and its directory), not with an override")
     train, dev = split(suite.train), split(suite.dev)
     tests = {name: split(name) for name in suite.tests}
     for name, src, ref in extra_tests:

@@ -111,6 +111,11 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     _check_seed(planned_runs(suite, only=["baseline"], seeds=[1])[0], str(adopted),
                 _State(str(adopted / "experiment.json")))  # the same seed: resumes
     _check_seed(run, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
+    # An override of the seed would train one seed under another's name: refused up front.
+    from deep_nmt_tf.experiments import run_suite
+
+    with pytest.raises(ValueError, match="--seeds"):
+        run_suite(suite, str(tmp_path), str(tmp_path / "out"), overrides=["training.seed = 3"])
 
 
 def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
