@@ -255,10 +255,40 @@ def _check_seed(run: PlannedRun, run_dir: str, state: _State) -> None:
             f"{run.base}-seed{run.seed})")
 
 
+#: Keys a run's recipe may change between invocations of the tool: how long it trains and how
+#: it is logged, checkpointed, evaluated and compiled, and where its data lies; not what it
+#: computes.  (The model section is compared by the trainer itself.)
+_OPERATIONAL_KEYS = frozenset(f"training.{k}" for k in (
+    "train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
+    "eval_bleu", "grad_norm_ratio_every", "diagnostics_every", "jit_compile", "static_shapes",
+    "max_consecutive_skipped", "loss_explosion_factor")) | frozenset(
+    f"data.{split}_{side}" for split in ("train", "dev", "test")
+    for side in ("source", "target")) | {"data.vocab"}
+
+
+def _check_recipe(run: PlannedRun, config, run_dir: str) -> None:
+    """Refuses to resume (or re-score) a run directory trained with another recipe: a changed
+    schedule, optimiser, batch, precision or data setting would leave results that no recipe
+    file describes.  ``data.vocab`` (a path) is not compared; the vocabulary's identity is."""
+    from deep_nmt_tf.run_dir import RunDir, config_differences
+
+    saved = RunDir(run_dir).saved_config()
+    if saved is None:
+        return
+    changed = [k for section in ("training", "data")
+               for k in config_differences(saved, config, section) if k not in _OPERATIONAL_KEYS]
+    if changed:
+        raise ValueError(
+            f"{run_dir} holds {run.name!r} trained with another recipe than {run.config}: "
+            f"{', '.join(changed)} differ. Move that run directory aside (or give another "
+            f"--output_dir) to train the new recipe, or restore these keys")
+
+
 def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) -> None:
     from deep_nmt_tf.training import Trainer
 
     _check_seed(run, run_dir, state)
+    _check_recipe(run, config, run_dir)
     trainer = Trainer(config, run_dir)
     done = int(trainer.step.numpy())
     target = config.training.train_steps

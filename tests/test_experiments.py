@@ -105,12 +105,26 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"training.seed=1, but seed 2 .*baseline-seed1"):
         _check_seed(run, str(recorded), state)
     adopted = tmp_path / "adopted"
-    RunDir(str(adopted)).write_config(load_config(None, ["training.seed=1"]))
+    RunDir(str(adopted)).write_config(load_config(None, [
+        "training.seed=1", "training.schedule.type=inverse_sqrt"]))
     with pytest.raises(ValueError, match="training.seed=1, but seed 2"):
         _check_seed(run, str(adopted), _State(str(adopted / "experiment.json")))
     _check_seed(planned_runs(suite, only=["baseline"], seeds=[1])[0], str(adopted),
                 _State(str(adopted / "experiment.json")))  # the same seed: resumes
     _check_seed(run, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
+    # Another recipe in the same directory (a changed schedule) is refused, naming the keys;
+    # how often it logs or checkpoints, how long it trains, or where the data lies may change.
+    from deep_nmt_tf.experiments import _check_recipe
+
+    seed1 = planned_runs(suite, only=["baseline"], seeds=[1])[0]
+    base = ["training.seed=1", "training.schedule.type=inverse_sqrt"]
+    _check_recipe(seed1, load_config(None, base + [
+        "training.log_every=7", "training.train_steps=99", "data.train_source=/elsewhere.en"]),
+        str(adopted))
+    with pytest.raises(ValueError, match=r"label_smoothing, training.schedule.inverse_sqrt.warmup_steps differ"):
+        _check_recipe(seed1, load_config(None, base + [
+            "training.schedule.inverse_sqrt.warmup_steps=7", "training.label_smoothing=0.2"]),
+            str(adopted))
     # An override of the seed would train one seed under another's name: refused up front.
     from deep_nmt_tf.experiments import run_suite
 
