@@ -23,7 +23,11 @@ A suite file (``configs/multi30k/suite.yaml``) names the corpus layout and the r
 
 Every stage is resumable and skipped when done, so a killed suite continues where it stopped:
 training resumes from the run's last checkpoint; the average, the length-penalty choice, the
-translations and the scores are recorded in the run's ``experiment.json``.
+translations and the scores are recorded in the run's ``experiment.json``.  A run directory
+is only resumed for the run it was made for: one trained with another seed, or with another
+recipe (a training or data key that changes what is computed; not the train length, logging,
+checkpointing, evaluation, compilation or data paths), is refused with the differing keys, and
+``--override=training.seed=N`` is refused for ``--seeds`` (which names the runs).
 
 ``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
