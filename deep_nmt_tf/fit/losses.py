@@ -14,8 +14,14 @@ entries, so::
     loss = -(1 - eps) * log p(gold) - (eps / V) * sum_v log p(v)
          = logsumexp(z) - (1 - eps) * z_gold - eps * mean_v(z)          (z: logits)
 
-The second form is what is computed (float32): no one-hot and no ``[B, T, V]`` log-softmax are
-materialised.  (T2T and Fairseq give the gold ``1 - eps`` and spread ``eps`` over the other
+          = (1 - eps) * nll + eps * (logsumexp(z) - mean_v(z))          (nll = -log p(gold))
+
+The last form is what is computed (float32): no one-hot and no ``[B, T, V]`` log-softmax are
+materialised, and ``nll`` comes from ``keras.ops.sparse_categorical_crossentropy`` (on
+TensorFlow the fused ``SparseSoftmaxCrossEntropyWithLogits``, whose gradient is a dense
+``softmax - onehot``).  Picking ``z_gold`` with ``take_along_axis`` instead costs TensorFlow a
+scatter of the gradient into a zero ``[B * T, V]`` tensor (``UnsortedSegmentSum``): about half
+of the Multi30k model's training step on a CPU (BENCHMARKS.md).  (T2T and Fairseq give the gold ``1 - eps`` and spread ``eps`` over the other
 ``V - 1`` entries; the two differ by ``eps / V`` on the gold, immaterial for ``V`` in the
 thousands.)  Padding positions (``labels == pad_id``) contribute nothing.  The loss is not shifted
 by the entropy of ``q``, so its minimum is above zero when ``eps > 0``; the unsmoothed negative
@@ -67,12 +73,10 @@ def _token_losses(logits, labels, label_smoothing: float, pad_id: int):
         raise ValueError(f"logits must be [batch, time, vocab] and labels [batch, time], got "
                          f"shapes {tuple(logits.shape)} and {tuple(labels.shape)}")
     mask = ops.cast(ops.not_equal(labels, pad_id), "float32")
-    lse = ops.logsumexp(logits, axis=-1)
-    gold = ops.squeeze(ops.take_along_axis(logits, ops.expand_dims(labels, -1), axis=-1), -1)
-    nll = lse - gold
+    nll = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     if label_smoothing > 0.0:
-        per_token = (lse - (1.0 - label_smoothing) * gold
-                     - label_smoothing * ops.mean(logits, axis=-1))
+        spread = ops.logsumexp(logits, axis=-1) - ops.mean(logits, axis=-1)
+        per_token = (1.0 - label_smoothing) * nll + label_smoothing * spread
     else:
         per_token = nll
     return per_token, nll, mask
