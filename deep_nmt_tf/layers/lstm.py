@@ -267,8 +267,9 @@ class LayerNormLSTMCell(keras.layers.Layer, _DropoutRNNCellMixin):
         return normed * scale + bias
 
     def _gates_to_state(self, z, c_prev):
-        gates = self.normalize_gates(z)
-        i, f, g, o = gates[:, 0], gates[:, 1], gates[:, 2], gates[:, 3]
+        # One unstack, not four slices: on TensorFlow each slice's gradient is a full-size
+        # StridedSliceGrad, summed by an AddN; the unstack's gradient is one stack.
+        i, f, g, o = ops.unstack(self.normalize_gates(z), _NUM_GATES, axis=1)
         c = ops.sigmoid(f) * ops.cast(c_prev, "float32") + ops.sigmoid(i) * ops.tanh(g)
         if self.cell_clip is not None:
             c = ops.clip(c, -self.cell_clip, self.cell_clip)
