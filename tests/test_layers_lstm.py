@@ -69,32 +69,6 @@ def test_cell_matches_numpy_reference_step(output_activation):
     np.testing.assert_allclose(to_numpy(c2), c_ref, atol=1e-5)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow graph")
-def test_gate_gradient_has_no_per_gate_slice_gradients():
-    """The four gates are unstacked, not sliced: on TensorFlow each slice's gradient was a
-    full-size StridedSliceGrad (1,201 per RNMT+ training step, BENCHMARKS.md)."""
-    import tensorflow as tf
-
-    cell = LayerNormLSTMCell(U)
-    cell.build((B, D))
-    z = tf.random.normal((B, 4 * U))
-    c = tf.random.normal((B, U))
-
-    @tf.function
-    def grad(z):
-        with tf.GradientTape() as tape:
-            tape.watch(z)
-            h, c1 = cell._gates_to_state(z, c)
-            loss = tf.reduce_sum(h) + tf.reduce_sum(c1)
-        return tape.gradient(loss, z)
-
-    assert grad(z).shape == (B, 4 * U)
-    graph = grad.get_concrete_function(z).graph.as_graph_def()
-    ops_used = {n.op for n in graph.node} | {n.op for f in graph.library.function
-                                              for n in f.node_def}
-    assert "StridedSliceGrad" not in ops_used
-
-
 def test_initialisation_and_weight_shapes():
     cell = LayerNormLSTMCell(U, forget_bias=1.0)
     cell.build((None, D))

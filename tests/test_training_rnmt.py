@@ -230,3 +230,28 @@ def test_rnmt_trains_on_demo_corpus_under_mirrored_strategy_and_exports(tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "trained: ok" in proc.stdout, proc.stdout[-3000:]
     assert "exported: ok" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_gate_gradient_has_no_per_gate_slice_gradients():
+    """The four gates are unstacked, not sliced: on TensorFlow each slice's gradient was a
+    full-size StridedSliceGrad (1,201 per RNMT+ training step, BENCHMARKS.md)."""
+    from deep_nmt_tf.layers.lstm import LayerNormLSTMCell
+
+    cell = LayerNormLSTMCell(8)
+    cell.build((3, 5))
+    z = tf.random.normal((3, 32))
+    c = tf.random.normal((3, 8))
+
+    @tf.function
+    def grad(z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            h, c1 = cell._gates_to_state(z, c)
+            loss = tf.reduce_sum(h) + tf.reduce_sum(c1)
+        return tape.gradient(loss, z)
+
+    assert grad(z).shape == (3, 32)
+    graph = grad.get_concrete_function(z).graph.as_graph_def()
+    ops_used = {n.op for n in graph.node} | {n.op for f in graph.library.function
+                                              for n in f.node_def}
+    assert "StridedSliceGrad" not in ops_used
