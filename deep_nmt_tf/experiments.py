@@ -176,19 +176,16 @@ def planned_runs(suite: Suite, only: Sequence[str] = (),
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, object]:
     """``bleu`` (sacreBLEU 13a, cased), ``bleu_lc`` (lowercased), ``chrf``, their signatures
-    and the brevity penalty."""
-    import sacrebleu
+    and the brevity penalty, rounded for the results table
+    (:func:`deep_nmt_tf.decoding.scoring.corpus_scores`, which ``deep-nmt-evaluate`` reports)."""
+    from deep_nmt_tf.decoding.scoring import corpus_scores
 
-    refs = [list(references)]
-    cased = sacrebleu.BLEU()
-    lower = sacrebleu.BLEU(lowercase=True)
-    chrf = sacrebleu.CHRF()
-    b, lc, c = (cased.corpus_score(hypotheses, refs), lower.corpus_score(hypotheses, refs),
-                chrf.corpus_score(hypotheses, refs))
-    return {"bleu": round(b.score, 2), "bleu_lc": round(lc.score, 2), "chrf": round(c.score, 2),
-            "brevity_penalty": round(b.bp, 4), "bleu_signature": str(cased.get_signature()),
-            "bleu_lc_signature": str(lower.get_signature()),
-            "chrf_signature": str(chrf.get_signature())}
+    scores = corpus_scores(hypotheses, references)
+    out: Dict[str, object] = {key: round(scores[key], 2) for key in ("bleu", "bleu_lc", "chrf")}
+    out["brevity_penalty"] = round(scores["brevity_penalty"], 4)
+    out.update({f"{key}_signature": scores[f"{key}_signature"]
+                for key in ("bleu", "bleu_lc", "chrf")})
+    return out
 
 
 class _State:
@@ -242,14 +239,12 @@ def _hardware() -> str:
     return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
 
 
-def _check_seed(run: PlannedRun, run_dir: str, state: _State) -> None:
+def _check_seed(run: PlannedRun, saved, run_dir: str, state: _State) -> None:
     """Refuses a run directory trained with another seed (a run named without ``-seedN``, asked
-    for another seed with ``--seeds``): resuming it would label one seed's model as another's."""
-    from deep_nmt_tf.run_dir import RunDir
-
+    for another seed with ``--seeds``): resuming it would label one seed's model as another's.
+    ``saved`` is the run directory's saved config (None for a new run)."""
     seed = state.data.get("training", {}).get("seed")
     if seed is None:
-        saved = RunDir(run_dir).saved_config()
         seed = None if saved is None else saved.training.seed
     if seed is not None and int(seed) != run.seed:
         raise ValueError(
@@ -270,13 +265,13 @@ _OPERATIONAL_KEYS = frozenset(f"training.{k}" for k in (
     for side in ("source", "target")) | {"data.vocab"}
 
 
-def _check_recipe(run: PlannedRun, config, run_dir: str) -> None:
+def _check_recipe(run: PlannedRun, config, saved, run_dir: str) -> None:
     """Refuses to resume (or re-score) a run directory trained with another recipe: a changed
     schedule, optimiser, batch, precision or data setting would leave results that no recipe
-    file describes.  ``data.vocab`` (a path) is not compared; the vocabulary's identity is."""
-    from deep_nmt_tf.run_dir import RunDir, config_differences
+    file describes.  ``data.vocab`` (a path) is not compared; the vocabulary's identity is.
+    ``saved`` is the run directory's saved config (None for a new run)."""
+    from deep_nmt_tf.run_dir import config_differences
 
-    saved = RunDir(run_dir).saved_config()
     if saved is None:
         return
     changed = [k for section in ("training", "data")
@@ -289,10 +284,12 @@ def _check_recipe(run: PlannedRun, config, run_dir: str) -> None:
 
 
 def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) -> None:
+    from deep_nmt_tf.run_dir import RunDir
     from deep_nmt_tf.training import Trainer
 
-    _check_seed(run, run_dir, state)
-    _check_recipe(run, config, run_dir)
+    saved = RunDir(run_dir).saved_config()
+    _check_seed(run, saved, run_dir, state)
+    _check_recipe(run, config, saved, run_dir)
     trainer = Trainer(config, run_dir)
     done = int(trainer.step.numpy())
     target = config.training.train_steps

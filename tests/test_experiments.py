@@ -2,6 +2,7 @@
 (train, average, tune the length penalty on dev, decode, score, results.json, resume)."""
 
 import json
+import math
 import os
 
 import pytest
@@ -67,6 +68,10 @@ def test_scores_are_sacrebleu_cased_lowercased_and_chrf():
     got = score(["a Cat sat .", "hello"], ["a cat sat .", "hello"])
     assert got["bleu_lc"] > got["bleu"] and 0.0 < got["chrf"] <= 100.0
     assert "case:lc" in got["bleu_lc_signature"] and "case:mixed" in got["bleu_signature"]
+    assert got["brevity_penalty"] == 1.0
+    # The brevity penalty is BLEU's exp(1 - r/c) for a short output: 2 words against 6.
+    assert score(["a cat"], ["a cat sat on the mat"])["brevity_penalty"] == round(
+        math.exp(1 - 6 / 2), 4)
 
 
 @pytest.mark.slow
@@ -95,6 +100,9 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     from deep_nmt_tf.experiments import _check_seed, _State
     from deep_nmt_tf.run_dir import RunDir
 
+    def saved(run_dir):  # what _train passes: the run directory's config, read once
+        return RunDir(str(run_dir)).saved_config()
+
     suite = load_suite(SUITE)
     run = planned_runs(suite, only=["baseline"], seeds=[2])[0]
     assert run.name == "baseline" and run.seed == 2
@@ -103,15 +111,15 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     (recorded / "experiment.json").write_text(json.dumps({"training": {"seed": 1}}))
     state = _State(str(recorded / "experiment.json"))
     with pytest.raises(ValueError, match=r"training.seed=1, but seed 2 .*baseline-seed1"):
-        _check_seed(run, str(recorded), state)
+        _check_seed(run, None, str(recorded), state)
     adopted = tmp_path / "adopted"
     RunDir(str(adopted)).write_config(load_config(None, [
         "training.seed=1", "training.schedule.type=inverse_sqrt"]))
     with pytest.raises(ValueError, match="training.seed=1, but seed 2"):
-        _check_seed(run, str(adopted), _State(str(adopted / "experiment.json")))
-    _check_seed(planned_runs(suite, only=["baseline"], seeds=[1])[0], str(adopted),
-                _State(str(adopted / "experiment.json")))  # the same seed: resumes
-    _check_seed(run, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
+        _check_seed(run, saved(adopted), str(adopted), _State(str(adopted / "experiment.json")))
+    _check_seed(planned_runs(suite, only=["baseline"], seeds=[1])[0], saved(adopted),
+                str(adopted), _State(str(adopted / "experiment.json")))  # the same seed: resumes
+    _check_seed(run, None, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
     # Another recipe in the same directory (a changed schedule) is refused, naming the keys;
     # how often it logs or checkpoints, how long it trains, or where the data lies may change.
     from deep_nmt_tf.experiments import _check_recipe
@@ -120,11 +128,11 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     base = ["training.seed=1", "training.schedule.type=inverse_sqrt"]
     _check_recipe(seed1, load_config(None, base + [
         "training.log_every=7", "training.train_steps=99", "data.train_source=/elsewhere.en"]),
-        str(adopted))
+        saved(adopted), str(adopted))
     with pytest.raises(ValueError, match=r"label_smoothing, training.schedule.inverse_sqrt.warmup_steps differ"):
         _check_recipe(seed1, load_config(None, base + [
             "training.schedule.inverse_sqrt.warmup_steps=7", "training.label_smoothing=0.2"]),
-            str(adopted))
+            saved(adopted), str(adopted))
     # An override of the seed would train one seed under another's name: refused up front.
     from deep_nmt_tf.experiments import run_suite
 

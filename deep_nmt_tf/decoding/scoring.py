@@ -43,8 +43,8 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
 
     Returns:
       dict with floats ``bleu``, ``bleu_lc``, ``chrf``, ``tok_bleu``, their signature strings
-      (``bleu_signature`` ...) and full score lines (``bleu_line`` ...: ``BLEU = 27.3
-      58.1/33.0/... (BP = ...)``).
+      (``bleu_signature`` ...), full score lines (``bleu_line`` ...: ``BLEU = 27.3
+      58.1/33.0/... (BP = ...)``) and ``brevity_penalty`` (of ``bleu``).
 
     Raises:
       ValueError: different numbers of hypotheses and references.
@@ -63,6 +63,8 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
         out[key] = float(result.score)
         out[f"{key}_signature"] = str(metric.get_signature())
         out[f"{key}_line"] = str(result)
+        if key == "bleu":
+            out["brevity_penalty"] = float(result.bp)
     return out
 
 
