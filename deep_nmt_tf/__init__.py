@@ -7,4 +7,4 @@ Transformer, RNMT+ and hybrid models with the deep-network methods of Bapna et a
 ``deep_nmt_tf.data``, ``deep_nmt_tf.training`` and ``deep_nmt_tf.export`` use TensorFlow.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -10,8 +10,8 @@ gets ``config.yaml``, a copy of the vocabulary and one checkpoint ``ckpt-<step>`
 averaged step) in the trainer's checkpoint layout.
 
 An ``--output`` that holds a run (a training run, an average of another run's checkpoints) is
-refused unless ``--overwrite`` is given (an earlier average of ``--model_dir`` is replaced); checkpoints of another model are refused, naming the first variable
-that differs.
+refused unless ``--overwrite`` is given (an earlier average of ``--model_dir`` is replaced);
+checkpoints of another model are refused, naming the first variable that differs.
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ From Python::
 
 Presets (the peers' sizes; every preset is post-norm 6+6 unless said):
   small: d 256, ffn 1024, 4 heads;  base: d 512, ffn 2048, 8 heads;
-  deep: base with a 30-layer pre-norm encoder;  deep_post: 30-layer post-norm encoder;
+  deep: base with a 30-layer encoder, pre-norm encoder and decoder (the peers' deep);
+  deep_post: base with a 30-layer post-norm encoder;
   deep_dlcl: deep with DLCL (pre-norm, encoder and decoder);
   base_lexical_shortcuts / base_feature_fusion: base with Emelin et al.'s shortcuts.
 """
@@ -102,11 +103,12 @@ define_flags([
     (flags.DEFINE_string, "config", None, "Presets or YAML files, comma-separated (default: "
                                           f"{','.join(DEFAULT_CONFIGS)})."),
     (flags.DEFINE_multi_string, "override", [],
-     "Config overrides KEY=VALUE applied to each config."),
+     "Config overrides KEY=VALUE applied to each training config (--mode=train only)."),
     (flags.DEFINE_integer, "steps", 5, "Timed training steps per repeat."),
     (flags.DEFINE_integer, "repeats", 3, "Timed repeats (the median is reported)."),
     (flags.DEFINE_integer, "warmup", 2, "Untimed warm-up steps (tracing and first runs)."),
-    (flags.DEFINE_bool, "jit_compile", False, "Compile the training step with XLA."),
+    (flags.DEFINE_bool, "jit_compile", False,
+     "Compile with XLA: the training step, or the search with --mode=decode."),
     (flags.DEFINE_integer, "threads", 0, "intra/inter-op threads (0: TensorFlow's default)."),
     (flags.DEFINE_string, "output", None, "Also append the JSON results to this file."),
     (flags.DEFINE_bool, "unknown_shapes", False,
@@ -420,9 +422,21 @@ def _append_json(results):
                 f.write(json.dumps(r) + "\n")
 
 
+def _check_mode_flags():
+    """Refuses a flag the chosen ``--mode`` would silently ignore."""
+    if FLAGS.mode == "decode" and FLAGS.override:
+        raise app.UsageError("--override applies to --mode=train only (decoding benchmarks the "
+                             "presets' shapes)")
+    if FLAGS.mode == "train" and FLAGS.precision != "float32":
+        raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
+                             "train in reduced precision with "
+                             "--override=training.precision=mixed_bfloat16 (or mixed_float16)")
+
+
 def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _check_mode_flags()
     if FLAGS.mode == "decode":
         results = []
         for name in _configs():

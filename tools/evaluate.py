@@ -17,10 +17,10 @@ deviation of test BLEU over 21 checkpoints around the best dev checkpoint)::
     deep-nmt-evaluate --model_dir=runs/demo --checkpoint_window=21 \
         [--dev_source=dev.src --dev_reference=dev.tgt]
 
-Every checkpoint listed in ``MODEL_DIR/checkpoint`` is scored on dev and test (the trainer
-keeps ``training.keep_checkpoints`` of them: set it to at least the window size).  Without
-``--source``/``--reference`` (``--dev_*``) the config's ``data.test_*`` (``data.dev_*``)
-files are used.
+Every checkpoint of the run (each ``ckpt-N`` with its ``.index``) is scored on dev and test
+(the trainer keeps ``training.keep_checkpoints`` of them: set it to at least the window
+size).  Without ``--source``/``--reference`` (``--dev_*``) the config's ``data.test_*``
+(``data.dev_*``) files are used.
 
 Output: the scores with their sacreBLEU signatures, e.g.::
 
@@ -34,7 +34,8 @@ Output: the scores with their sacreBLEU signatures, e.g.::
 
 Empty source, reference or hypothesis files are an error (there is nothing to score).
 ``--output`` and ``--json`` are checked before any decoding, and ``--output`` receives the
-translations as they are produced.
+translations as they are produced (single-checkpoint mode; not written with
+``--checkpoint_window``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ A killed suite continues where it stopped when run again (finished stages are sk
 alone is ``--only=NAME``.  Writes ``OUTPUT_DIR/results.json``, ``results.md``, ``figures/`` and
 ``runs/<run>/`` (see :mod:`deep_nmt_tf.experiments`).
 
-Exit status: 0 on success, 2 for a bad suite file, config, flag or data (named, no traceback).
+Exit status: 0 on success; 1 for a flag error that absl reports with its usage message (an
+unknown or missing flag); 2 for a bad suite file, config, data, ``--seeds``, ``--max_steps`` or
+``--extra_test`` (named, no traceback).
 """
 
 from __future__ import annotations

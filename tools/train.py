@@ -20,8 +20,9 @@ Strategies: ``default`` (one device), ``mirrored`` (all local GPUs), ``multi_wor
 ``tpu`` (``--tpu=NAME``).
 
 Exit status: 0 on success; 1 when training stopped on an error it names (non-finite updates,
-a lost worker); 2 for an invalid config, flag, data or run directory (the message names the
-file, line and key; no traceback); 128 + the signal's number (143 for SIGTERM, 130 for
+a lost worker) and for a flag error that absl reports with its usage message (an unknown or
+missing flag); 2 for an invalid config, ``--strategy``, data or run directory (the message
+names the file, line and key; no traceback); 128 + the signal's number (143 for SIGTERM, 130 for
 Ctrl-C) after an interruption that saved a checkpoint.
 """
 

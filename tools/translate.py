@@ -12,9 +12,9 @@ With ``--n_best`` > 1 the output uses the Moses n-best format, ``i ||| translati
 an error.  A progress bar goes to stderr when reading a file.  Defaults of the search come
 from the model's ``config.yaml`` (``decoding``).
 
-``--output`` is opened before the model is loaded (an impossible path fails at once), and the
-translations are written as they are produced, a chunk of ``16 * batch_size`` lines at a time,
-so an interrupted run keeps what it translated.
+``--output`` is checked before the model is loaded (an impossible path fails at once) and opened
+when decoding starts; the translations are written as they are produced, a chunk of
+``16 * batch_size`` lines at a time, so an interrupted run keeps what it translated.
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""deep-nmt-benchmark (tools/benchmark.py): a tiny training benchmark end to end, and the flags
+that one mode would silently ignore are refused."""
+
+import json
+
+import pytest
+import yaml
+
+from test_training_helpers import run_tool
+
+_STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
+_TINY = {"model": {"d_model": 16, "encoder": {"transformer": dict(_STACK)},
+                   "decoder": {"transformer": dict(_STACK)}}}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--mode=decode", "--override=training.precision=mixed_bfloat16"),
+     "--override applies to --mode=train only"),
+    (("--mode=train", "--precision=bfloat16"),
+     "--precision=bfloat16 applies to --mode=decode only"),
+])
+def test_flags_of_the_other_mode_are_refused(args, message):
+    proc = run_tool("benchmark", "--config=small", *args)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert "tokens_per_s" not in proc.stdout
+
+
+def test_tiny_training_benchmark_reports_its_precision(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(_TINY))
+    out = tmp_path / "results.jsonl"
+    proc = run_tool("benchmark", "--mode=train", f"--config={config}", "--steps=1",
+                    "--repeats=1", "--warmup=1", "--override=training.precision=mixed_bfloat16",
+                    f"--output={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [result] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["precision"] == "mixed_bfloat16"
+    assert result["tokens_per_s"] > 0 and result["step_s"] > 0
+    # 64 sentences x (32 + 32) tokens per step, the peer harness's batch.
+    assert result["batch"] == [64, 32, 32]
+    assert result["train_flops_per_step"] > 0
+    assert json.loads(out.read_text().splitlines()[-1]) == result
