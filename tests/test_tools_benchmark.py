@@ -7,10 +7,7 @@ import pytest
 import yaml
 
 from test_training_helpers import run_tool
-
-_STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
-_TINY = {"model": {"d_model": 16, "encoder": {"transformer": dict(_STACK)},
-                   "decoder": {"transformer": dict(_STACK)}}}
+from test_training_tool import TINY
 
 
 @pytest.mark.parametrize("args, message", [
@@ -28,7 +25,7 @@ def test_flags_of_the_other_mode_are_refused(args, message):
 
 def test_tiny_training_benchmark_reports_its_precision(tmp_path):
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(_TINY))
+    config.write_text(yaml.safe_dump({"model": TINY["model"]}))  # the benchmark sets the rest
     out = tmp_path / "results.jsonl"
     proc = run_tool("benchmark", "--mode=train", f"--config={config}", "--steps=1",
                     "--repeats=1", "--warmup=1", "--override=training.precision=mixed_bfloat16",
