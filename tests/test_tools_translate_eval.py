@@ -61,6 +61,25 @@ def test_evaluator_reproduces_sacrebleu_on_fixed_files(tmp_path):
         corpus_scores(["a"], ["a", "b"])
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--hypotheses=h.txt", "--reference=r.txt", "--model_dir=m", "--beam_size=2"),
+     "--model_dir, --beam_size: not used with --hypotheses"),
+    (("--hypotheses=h.txt", "--reference=r.txt", "--output=o.txt"),
+     "--output: not used with --hypotheses"),
+    (("--model_dir=m", "--checkpoint_window=3", "--output=o.txt"),
+     "--output is not used with --checkpoint_window"),
+    (("--model_dir=m", "--checkpoint_window=3", "--checkpoint=m/ckpt-1"),
+     "--checkpoint is not used with --checkpoint_window"),
+    (("--model_dir=m", "--dev_source=d.en"), "--dev_source is only read with --checkpoint_window"),
+])
+def test_evaluate_refuses_flags_its_mode_ignores(args, message, tmp_path):
+    # Refused before any file is read or written: none of these paths exists.
+    proc = run_tool("evaluate", *args, cwd=str(tmp_path))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_scores_of_a_lowercased_model_are_case_insensitive():
     """deep-nmt-evaluate and the dev BLEU of training score a model trained on lowercased
     text (data.lowercase) case-insensitively, and the signature says so."""

@@ -34,8 +34,9 @@ Output: the scores with their sacreBLEU signatures, e.g.::
 
 Empty source, reference or hypothesis files are an error (there is nothing to score).
 ``--output`` and ``--json`` are checked before any decoding, and ``--output`` receives the
-translations as they are produced (single-checkpoint mode; not written with
-``--checkpoint_window``).
+translations as they are produced.  A flag the chosen mode would ignore is refused (exit 1,
+naming the flag): model flags with ``--hypotheses``, ``--output`` or ``--checkpoint`` with
+``--checkpoint_window``, ``--dev_*`` without it.
 """
 
 from __future__ import annotations
@@ -182,13 +183,42 @@ def evaluate_window(translator, checkpoints: Sequence[str], window: int, dev: Se
     return out
 
 
+# Flags that only a model evaluation reads (an existing --hypotheses file ignores them).
+_MODEL_FLAGS = ("model_dir", "checkpoint", "source", "checkpoint_window", "dev_source",
+                "dev_reference", "beam_size", "length_penalty", "batch_size", "override",
+                "output")
+
+
+def _check_mode_flags() -> None:
+    """Refuses flags the chosen mode would silently ignore, before any work."""
+    if FLAGS.hypotheses:
+        if not FLAGS.reference:
+            raise app.UsageError("--hypotheses needs --reference")
+        given = [f"--{name}" for name in _MODEL_FLAGS if FLAGS[name].present]
+        if given:
+            raise app.UsageError(f"{', '.join(given)}: not used with --hypotheses (it scores an "
+                                 "existing translation file; drop --hypotheses to evaluate a "
+                                 "model)")
+        return
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir is required (or --hypotheses and --reference)")
+    if FLAGS.checkpoint_window > 0:
+        for name, why in (("output", "it scores every checkpoint; write one checkpoint's "
+                                     "translations with --checkpoint=... --output=..."),
+                          ("checkpoint", "the window is chosen among all checkpoints by dev "
+                                         "BLEU")):
+            if FLAGS[name].present:
+                raise app.UsageError(f"--{name} is not used with --checkpoint_window ({why})")
+    else:
+        for name in ("dev_source", "dev_reference"):
+            if FLAGS[name].present:
+                raise app.UsageError(f"--{name} is only read with --checkpoint_window=N")
+
+
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
-    if FLAGS.hypotheses and not FLAGS.reference:
-        raise app.UsageError("--hypotheses needs --reference")
-    if not FLAGS.hypotheses and not FLAGS.model_dir:
-        raise app.UsageError("--model_dir is required (or --hypotheses and --reference)")
+    _check_mode_flags()
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
 
