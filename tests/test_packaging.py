@@ -168,3 +168,41 @@ def test_modules_stay_small():
         lines = sum(1 for _ in open(path, encoding="utf-8"))
         limit = 450 if path.endswith(os.path.join("training", "trainer.py")) else 600
         assert lines <= limit, f"{os.path.relpath(path, ROOT)}: {lines} lines (limit {limit})"
+
+
+def _readme_section(title):
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    return readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_config_example_and_its_overrides_load(tmp_path):
+    from deep_nmt_tf.config import load_config
+    section = _readme_section("Configs and overrides")
+    example = tmp_path / "example.yaml"
+    example.write_text(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    cfg = load_config(str(example))
+    assert (cfg.model.encoder.type, cfg.model.decoder.type) == ("transformer", "rnmt_plus")
+    overrides = [o for o in re.findall(r"`--override=([^`]+)`", section)
+                 if not o.endswith("=N")]
+    untie = "model.tie_source_target_embeddings=false"
+    assert untie in overrides and len(overrides) >= 4, overrides
+    for override in overrides:
+        # The README gives the RNMT+ encoder override together with untying the embeddings.
+        extra = [untie] if override == "model.encoder.type=rnmt_plus" else []
+        load_config(os.path.join(ROOT, "configs", "demo.yaml"), overrides=[override] + extra)
+
+
+def test_every_layer_class_is_exported_and_the_readme_names_exist():
+    import keras
+    from deep_nmt_tf import layers
+    for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", "layers", "*.py")):
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                assert node.name in layers.__all__, f"{path}: {node.name} not exported"
+    section = _readme_section("Keras API")
+    named = set(re.findall(r"\blayers\.([A-Za-z_]\w*)", section))
+    assert named, section
+    for name in named:
+        assert isinstance(getattr(layers, name, None), type), f"README: layers.{name}"
+    mix = layers.TransparentAttention(num_sources=7, num_outputs=6)
+    assert isinstance(mix, keras.layers.Layer)

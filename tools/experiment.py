@@ -12,9 +12,12 @@ A killed suite continues where it stopped when run again (finished stages are sk
 alone is ``--only=NAME``.  Writes ``OUTPUT_DIR/results.json``, ``results.md``, ``figures/`` and
 ``runs/<run>/`` (see :mod:`deep_nmt_tf.experiments`).
 
-Exit status: 0 on success; 1 for a flag error that absl reports with its usage message (an
+Exit status: 0 on success; 1 when a run's training stopped on an error it names (non-finite
+updates, a lost worker) and for a flag error that absl reports with its usage message (an
 unknown or missing flag); 2 for a bad suite file, config, data, ``--seeds``, ``--max_steps`` or
-``--extra_test`` (named, no traceback).
+``--extra_test`` (named, no traceback); 128 + the signal's number (143 for SIGTERM, 130 for
+Ctrl-C) after an interruption: during training a checkpoint is saved, between stages
+(averaging, decoding) the interrupted stage reruns as a whole.
 """
 
 from __future__ import annotations

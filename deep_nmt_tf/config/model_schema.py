@@ -217,7 +217,7 @@ def _stages():
 
 @dataclasses.dataclass
 class CascadedEncoderOptions:
-    """Cascaded encoder (Chen et al. section 6.1): each stage encodes the layer-normalised
+    """Cascaded encoder (Chen et al. section 6.2): each stage encodes the layer-normalised
     output of the one before (stage 0 reads the tokens); the paper's is RNMT+ then 4
     Transformer layers (without positions: a later stage takes features, not tokens)."""
     stages: Tuple[EncoderConfig, ...] = field(_stages(), "The stages, bottom first: a list of "

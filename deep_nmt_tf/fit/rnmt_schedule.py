@@ -25,9 +25,10 @@ Registered in :mod:`deep_nmt_tf.fit.schedules` as ``training.schedule.type: rnmt
 (options: ``training.schedule.rnmt_plus``).
 
 References:
-  Chen et al. 2018, "The Best of Both Worlds", section 4.2, Eq. 1 (formula in
-  ``papers/NOTES.md``); Lingvo's WMT'14 En-De recipe: p = 500, s = 600000, e = 1200000
-  (Chen et al. appendix A.2) with n = the number of replicas.
+  Chen et al. 2018, "The Best of Both Worlds", section 4.2, Eq. 1 (the formula above); the
+  paper's WMT'14 En-De values: p = 500, s = 600000, e = 1200000 with n = the number of
+  replicas (Chen et al. appendix); Lingvo's ``WmtEnDeRNMT`` params start the decay at
+  s = 400000.
 """
 
 from __future__ import annotations

@@ -6,12 +6,15 @@ Every layer is registered serializable under the package name ``deep_nmt_tf``.
 from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
 from deep_nmt_tf.layers.attention import (MultiHeadAttention, causal_bias, padding_bias,
                                           step_bias)
+from deep_nmt_tf.layers.dlcl import DLCLHistory, DynamicLinearCombination
 from deep_nmt_tf.layers.embedding import (SinusoidalPositionEncoding, TokenEmbedding,
                                           sinusoidal_table)
+from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.layers.lstm import (BidirectionalLayerNormLSTM, LayerNormLSTM,
                                      LayerNormLSTMCell)
 from deep_nmt_tf.layers.transformer import (FeedForward, Residual, TransformerDecoderLayer,
                                             TransformerEncoderLayer)
+from deep_nmt_tf.layers.transparent_attention import TransparentAttention
 
 __all__ = [
     "MultiHeadAttention",
@@ -29,4 +32,9 @@ __all__ = [
     "LayerNormLSTM",
     "BidirectionalLayerNormLSTM",
     "MultiHeadAdditiveAttention",
+    # the deep-encoder methods: Bapna et al., Wang et al., Emelin et al.
+    "TransparentAttention",
+    "DynamicLinearCombination",
+    "DLCLHistory",
+    "LexicalShortcut",
 ]
