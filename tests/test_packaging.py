@@ -206,3 +206,14 @@ def test_every_layer_class_is_exported_and_the_readme_names_exist():
         assert isinstance(getattr(layers, name, None), type), f"README: layers.{name}"
     mix = layers.TransparentAttention(num_sources=7, num_outputs=6)
     assert isinstance(mix, keras.layers.Layer)
+
+
+def test_design_doc_config_example_loads(tmp_path):
+    from deep_nmt_tf.config import load_config
+    design = open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8").read()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", design, re.S) if "rnmt_plus" in b]
+    assert len(blocks) == 1, blocks
+    example = tmp_path / "design.yaml"
+    example.write_text(blocks[0])
+    cfg = load_config(str(example))
+    assert (cfg.model.encoder.type, cfg.model.decoder.type) == ("rnmt_plus", "transformer")
