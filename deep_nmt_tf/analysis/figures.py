@@ -282,7 +282,11 @@ def plot_dlcl(matrices: Dict[str, np.ndarray], label, output_dir, mask_small=Fal
             ax2.set_ylabel(f"W[l, {column}]")
             ax2.set_title(f"weight of y_{column} in later layers (Wang et al. Fig. 5 (c))")
             ax2.grid(alpha=0.3)
-        fig.suptitle(f"{label}: {stack} DLCL (Wang et al. 2019, Fig. 5){source}")
+        # The source ("checkpoint" / "last summary") on a line of its own: one line is wider
+        # than the single-panel figure and was clipped.
+        where = source.strip(" -")
+        fig.suptitle(f"{label}: {stack} DLCL (Wang et al. 2019, Fig. 5)"
+                     + (f"\nfrom the {where}" if where else ""), fontsize=11)
         fig.tight_layout()
         path = os.path.join(output_dir, f"{_safe(label)}_{name}.png")
         fig.savefig(path, dpi=dpi)
