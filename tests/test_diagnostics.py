@@ -254,7 +254,8 @@ VARIANTS = {
     "post-norm": [],
     "transparent": ["model.transparent_attention.enabled=true"],
     "dlcl": ["model.encoder.transformer.dlcl.enabled=true"],
-    "6L post-norm": ["model.encoder.transformer.num_layers=6"],  # Bapna et al. Fig. 1's shallow reference
+    # Bapna et al. Fig. 1's shallow reference
+    "6L post-norm": ["model.encoder.transformer.num_layers=6"],
 }
 
 

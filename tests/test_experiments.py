@@ -84,7 +84,8 @@ def test_the_table_does_not_report_training_it_did_not_time():
                                                                   "chrf": 3}}
     table = _markdown({"timed": run(seconds=1800, cpu_seconds=3600, timed_from_update=0),
                        "outside": run(seconds=0.0, timed_from_update=6000),
-                       "resumed": run(seconds=600, cpu_seconds=1800, timed_from_update=4000)}, ["test2016"])
+                       "resumed": run(seconds=600, cpu_seconds=1800, timed_from_update=4000)},
+                      ["test2016"])
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines()[2:5]}
     assert rows == {"timed": "30", "outside": "n/a", "resumed": "10 (from update 4000)"}
     assert table.splitlines()[-1] == (
@@ -129,7 +130,8 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     _check_recipe(seed1, load_config(None, base + [
         "training.log_every=7", "training.train_steps=99", "data.train_source=/elsewhere.en"]),
         saved(adopted), str(adopted))
-    with pytest.raises(ValueError, match=r"label_smoothing, training.schedule.inverse_sqrt.warmup_steps differ"):
+    with pytest.raises(ValueError, match=r"label_smoothing, "
+                       r"training.schedule.inverse_sqrt.warmup_steps differ"):
         _check_recipe(seed1, load_config(None, base + [
             "training.schedule.inverse_sqrt.warmup_steps=7", "training.label_smoothing=0.2"]),
             saved(adopted), str(adopted))

@@ -217,3 +217,13 @@ def test_design_doc_config_example_loads(tmp_path):
     example.write_text(blocks[0])
     cfg = load_config(str(example))
     assert (cfg.model.encoder.type, cfg.model.decoder.type) == ("rnmt_plus", "transformer")
+
+
+def test_python_lines_stay_within_100_characters():
+    paths = (glob.glob(os.path.join(ROOT, "deep_nmt_tf", "**", "*.py"), recursive=True)
+             + glob.glob(os.path.join(ROOT, "tools", "*.py"))
+             + glob.glob(os.path.join(ROOT, "tests", "*.py")) + [os.path.join(ROOT, "setup.py")])
+    long = [f"{os.path.relpath(p, ROOT)}:{i}" for p in paths
+            for i, line in enumerate(open(p, encoding="utf-8"), 1)
+            if len(line.rstrip("\n")) > 100]
+    assert not long, f"lines over 100 characters: {long}"

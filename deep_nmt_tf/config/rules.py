@@ -6,7 +6,8 @@ the tree is built, with the error blamed on the file and line (or ``--override``
 that is named.  Keys that a run would silently ignore are errors when a config file or an
 override sets them (``data.train_source`` with ``data.corpus: synthetic``; ``training.
 eval_every`` without a dev set); a saved ``config.yaml``, read back without line information,
-is not held to these.  An options class from outside the package may add its own checks with a method
+is not held to these.  An options class from outside the package may add its own checks with a
+method
 ``validate(path, model, fail)`` (``path``: its dotted key; ``fail(key, message)`` raises).
 """
 

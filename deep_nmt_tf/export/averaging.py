@@ -10,7 +10,8 @@ numbered with the newest averaged step, managed by ``tf.train.CheckpointManager`
 
 An output directory that holds a run (its ``config.yaml``, checkpoints ...) is refused unless
 ``overwrite`` (its earlier checkpoints are then removed), or unless it holds an earlier average
-of the same ``model_dir``'s checkpoints, which a new average replaces; a checkpoint of another model is
+of the same ``model_dir``'s checkpoints, which a new average replaces; a checkpoint of another
+model is
 refused naming the first variable that differs (before anything is written); checkpoints from
 several run directories are averaged with a WARNING (unrelated runs of one architecture average
 to garbage unless one was warm-started from the other).

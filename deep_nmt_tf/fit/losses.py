@@ -21,7 +21,8 @@ materialised, and ``nll`` comes from ``keras.ops.sparse_categorical_crossentropy
 TensorFlow the fused ``SparseSoftmaxCrossEntropyWithLogits``, whose gradient is a dense
 ``softmax - onehot``).  Picking ``z_gold`` with ``take_along_axis`` instead costs TensorFlow a
 scatter of the gradient into a zero ``[B * T, V]`` tensor (``UnsortedSegmentSum``): about half
-of the Multi30k model's training step on a CPU (BENCHMARKS.md).  (T2T and Fairseq give the gold ``1 - eps`` and spread ``eps`` over the other
+of the Multi30k model's training step on a CPU (BENCHMARKS.md).  (T2T and Fairseq give the gold
+``1 - eps`` and spread ``eps`` over the other
 ``V - 1`` entries; the two differ by ``eps / V`` on the gold, immaterial for ``V`` in the
 thousands.)  Padding positions (``labels == pad_id``) contribute nothing.  The loss is not shifted
 by the entropy of ``q``, so its minimum is above zero when ``eps > 0``; the unsmoothed negative

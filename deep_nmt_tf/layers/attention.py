@@ -56,7 +56,7 @@ def write_step(buffer, update, step, axis):
     while a scatter is a plain TensorFlow op on every backend (XLA and JAX update in place).
     Without XLA, TensorFlow still copies the buffer once per write, but the scatter replaced a
     masked add (``buffer + onehot * update``, two full-size passes): in bfloat16 without XLA the
-    writes' op time fell from about 1.1 s to 0.33 s per three greedy searches of
+    writes' op time fell from about 1.0 s to 0.33 s per three greedy searches of
     Transformer-base, and beam 4 decoded about 8% faster on average, greedy unchanged within
     the noise (BENCHMARKS.md, "Decoding").
     """

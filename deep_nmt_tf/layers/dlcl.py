@@ -94,7 +94,9 @@ class DynamicLinearCombination(keras.layers.Layer):
     output has a single consumer.  Its gradient is then one sum, computed when the backward
     pass reaches it; summing each row separately gives every output L consumers, whose partial
     gradients TensorFlow computes as early as it can and holds until all have arrived (memory
-    growing with the square of the depth: +1.0 GB at 30 layers in the benchmark's shapes).
+    growing with the square of the depth; measured at 30 layers in the benchmark's shapes the
+    one stacked sum cut DLCL's extra memory from +705 to +635 MiB, BENCHMARKS.md "DLCL memory
+    at 30 layers").
     In the pre-norm form the LayerNorm that stores an output is part of that op and is
     recomputed in its backward pass, so the backward pass keeps each raw output once and not
     also its normalised copy.

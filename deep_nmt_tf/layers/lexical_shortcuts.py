@@ -115,7 +115,7 @@ class LexicalShortcut(keras.layers.Layer):
         self.built = True
 
     def shortcut_key_value(self, source, hidden, keys, values):
-        """Returns ``(K_sc, K, V_sc, V)`` before gating (feature fusion adds the E terms to K, V)."""
+        """``(K_sc, K, V_sc, V)`` before gating (feature fusion adds the E terms to K, V)."""
         if self.variant == "shortcuts":
             k_sc, v_sc = ops.split(dense(source, self.source_kernel), 2, axis=-1)
             return k_sc, keys, v_sc, values

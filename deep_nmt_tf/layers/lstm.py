@@ -473,7 +473,8 @@ class BidirectionalLayerNormLSTM(keras.layers.Layer):
 
     Output ``[B, T, 2U]`` = ``[forward_t ; backward_t]`` where ``backward_t`` has read tokens
     ``t..len-1`` (right to left); padded positions are 0.  RNMT+ stacks 6 of these in its
-    encoder (e.g. U = 512 per direction for a 1024-wide model).
+    encoder (U = d_model per direction by default, e.g. 1024: the 2U-wide outputs are
+    projected back to d_model by the encoder).
 
     Args:
       units: U per direction.

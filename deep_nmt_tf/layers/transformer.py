@@ -245,7 +245,8 @@ class TransformerDecoderLayer(_TransformerLayerBase):
     position (``x`` ``[B, 1, D]``, ``self_bias = step_bias(step, max_length)``, ``shortcut`` the
     shortcut source at that position).  The self-attention cache holds the gated keys/values.
 
-    Args: as :class:`TransformerEncoderLayer`, plus ``memory_dim`` (default d_model),
+    Args: as :class:`TransformerEncoderLayer` except ``shortcut`` (here ``self_shortcut``),
+      plus ``memory_dim`` (default d_model),
       ``self_shortcut`` / ``cross_shortcut``: ``None`` or a lexical-shortcut variant for the
       self-attention / the encoder-decoder attention (Emelin et al. 2019, Table 4).
     """

@@ -55,7 +55,8 @@ class Encoder(keras.layers.Layer):
       grad-norm ratio differentiates the loss with respect to ``[1]`` and ``[-1]``, and the
       layer probe compares them with ``[0]``;
     - with ``return_gates=True`` also ``"gates"``: one dict per layer of lexical-shortcut gates
-      (``{"self": (key_gate, value_gate)}``; empty dicts when the encoder has none).
+      (``{"self": (key_gate, value_gate)}``; empty dicts when the encoder has none; the hybrid
+      encoders return an empty list: their parts' gates are not collected).
 
     Subclasses implement :meth:`from_options`, ``build``, ``call`` and :attr:`output_dim`; the
     other methods have defaults.

@@ -164,6 +164,8 @@ class RNMTPlusEncoder(_RNMTStack, Encoder):
         the third layer on, as in the paper); must be >= 1 unless ``E == 2U``.
       cell_clip, forget_bias, layer_norm_epsilon: see
         :class:`~deep_nmt_tf.layers.lstm.LayerNormLSTMCell`.
+      input_dim: width of the input features when ``embedding`` is None (a later stage of a
+        cascaded encoder reads features, not tokens); required then.
 
     Example:
       >>> enc = RNMTPlusEncoder(rnmt_embedding(100, 16), num_layers=3, units=8)

@@ -122,7 +122,8 @@ class Seq2SeqModel(keras.Model):
     def decoder_memories(self, encoded, training=None):
         """Memory the decoder attends to: ``encoded["memory"]``, or with transparent attention
         the stacked ``[M, B, S, D]`` mixes of ``encoded["layer_outputs"]`` (one per decoder
-        layer; the same structure in training and inference).
+        layer of the Transformer, M = 1 for RNMT+; the same structure in training and
+        inference).
 
         With transparent attention the mixes replace the encoder output: the sources are the
         raw outputs (Bapna et al.; Lingvo's pre-norm stack has no final LayerNorm), so the
@@ -181,8 +182,11 @@ class Seq2SeqModel(keras.Model):
     def diagnostic_weights(self):
         """Learned mixing matrices as float32 tensors (inference values, no dropout):
 
-        - ``"transparent_attention"``: ``[N+1, M]`` softmax-normalised mix (rows: embedding
-          and encoder layers 1..N; columns: decoder layers), Bapna et al. Fig. 4;
+        - ``"transparent_attention"``: ``[sources, M]`` softmax-normalised mix, Bapna et al.
+          Fig. 4: for the Transformer ``[N+1, M]`` (rows: embedding and encoder layers 1..N;
+          columns: decoder layers); for RNMT+ ``M = 1`` and the embedding row only when the
+          embedding is as wide as a layer output (``E == 2U``; see
+          :class:`~deep_nmt_tf.models.rnmt.RNMTPlusEncoder`);
         - ``"encoder_dlcl"`` / ``"decoder_dlcl"``: ``[L+1, L+1]`` effective DLCL weights (row l
           feeds layer l+1, row L the stack output; masked entries are 0), Wang et al. Fig. 5.
 
@@ -207,7 +211,9 @@ class Seq2SeqModel(keras.Model):
           decoder layers also ``.../cross/...`` with cross-attention shortcuts): the gate
           ``r`` averaged over the channels and the non-padding positions of the batch (source
           positions for encoder self-attention and cross-attention, target positions for
-          decoder self-attention).  Empty without lexical shortcuts.
+          decoder self-attention).  Empty without lexical shortcuts; the hybrid encoders
+          (cascaded, multi-column) report no encoder gates, even where a Transformer part has
+          shortcuts.
         """
         source_ids, target_ids = inputs["source_ids"], inputs["target_input_ids"]
         encoded = self.encoder(source_ids, training=training, return_gates=True)

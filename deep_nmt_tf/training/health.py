@@ -75,7 +75,8 @@ class StopSignals:
     """A context manager: SIGTERM and SIGINT request a stop (module docstring) while inside.
 
     Handlers are installed only in the main thread (Python delivers signals there) and only for
-    signals that are not ignored; elsewhere the signals keep their previous behaviour.  The previous handlers are restored on exit.
+    signals that are not ignored; elsewhere the signals keep their previous behaviour.  The
+    previous handlers are restored on exit.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -4,7 +4,8 @@ Gradients reach the optimizer already summed across replicas and normalised by t
 (:mod:`deep_nmt_tf.training.trainer`), because clipping and the diagnostics need the global
 gradient.  Keras 3's TensorFlow optimizer would sum them across replicas once more inside
 ``apply`` (a private hook, wrapped by :func:`deep_nmt_tf.compat.skip_gradient_all_reduce`); the
-optimizer built here skips that second reduction (:class:`ReducedGradientsAdam`).  ``tests/test_training_distributed.py`` checks that
+optimizer built here skips that second reduction (:class:`ReducedGradientsAdam`). 
+``tests/test_training_distributed.py`` checks that
 one global batch gives the same update under the default strategy and ``MirroredStrategy``.
 
 Weight decay (``training.weight_decay``, ``wd``) is classic L2 regularisation, as in Lingvo's

@@ -15,7 +15,8 @@ multi-column encoder from two runs: ``checkpoint: [runs/rnmt, runs/trans_rnmt]``
 encoder``, ``target: [encoder/columns/0, encoder/columns/1]``.
 
 A sub-module is a ``/``-separated attribute path from the :class:`~deep_nmt_tf.models.
-Seq2SeqModel` (``encoder``, ``decoder``, ``encoder/stages/0`` (a cascade's first stage), ``encoder/columns/0``
+Seq2SeqModel` (``encoder``, ``decoder``, ``encoder/stages/0`` (a cascade's first stage),
+``encoder/columns/0``
 (multi-column; integers index lists), ``decoder/embedding`` ...).
 
 The earlier run's model is described by the ``config.yaml`` of the checkpoint's directory; it is
@@ -50,7 +51,8 @@ __all__ = ["resolve_module", "module_weights", "warm_start", "frozen_variables",
 
 
 def resolve_module(model, path: str, key: str, source: str = "<config>"):
-    """The sub-module of ``model`` at ``path`` (``encoder/stages/0``); ConfigError naming ``key``."""
+    """The sub-module of ``model`` at ``path`` (``encoder/stages/0``); ConfigError naming
+    ``key``."""
     node = model
     parts = [p for p in path.split("/") if p]
     if not parts:
