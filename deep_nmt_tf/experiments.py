@@ -32,7 +32,8 @@ checkpointing, evaluation, compilation or data paths), is refused with the diffe
 ``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
 also has the reserved keys ``"training"``: updates, seconds, CPU seconds (of the updates this tool
-ran: ``timed_from_update`` says where its clock started), parameters, seed; and
+ran: ``timed_from_update`` says where its clock started), parameters, seed, and ``budget``
+(``minutes``, ``stopped_at``) for a run stopped by ``--max_train_minutes``; and
 ``"decoding"``: the beam, the chosen length penalty, its dev BLEU and ``dev_metric``, ``bleu``
 or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md`` (the
 table) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices, lexical
@@ -283,7 +284,12 @@ def _check_recipe(run: PlannedRun, config, saved, run_dir: str) -> None:
             f"--output_dir) to train the new recipe, or restore these keys")
 
 
-def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) -> None:
+class _BudgetSpent(Exception):
+    """A run's training clock reached ``--max_train_minutes`` (raised by a training hook)."""
+
+
+def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
+           max_train_minutes: Optional[float] = None) -> None:
     from deep_nmt_tf.run_dir import RunDir
     from deep_nmt_tf.training import Trainer
 
@@ -299,11 +305,19 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) 
     training.setdefault("timed_from_update", done)
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
                     config=os.path.abspath(run.config), hardware=_hardware())
-    if done >= target:
+    budget = max_train_minutes * 60.0 if max_train_minutes else None
+    if done >= target or (budget is not None and training["seconds"] >= budget):
         training["updates"] = done
+        if done < target:  # Stopped by the clock, now or in an earlier invocation.
+            training["budget"] = {"minutes": max_train_minutes, "stopped_at": done}
+        elif "budget" in training and training["budget"]["stopped_at"] != done:
+            del training["budget"]  # Trained on to the target since.
         state.save()
         return
-    log(f"{run.name}: training from update {done} to {target}")
+    training.pop("budget", None)
+    log(f"{run.name}: training from update {done} to {target}"
+        + (f", or until its clock reaches {max_train_minutes:g} minutes (now "
+           f"{training['seconds'] / 60:.1f})" if budget is not None else ""))
     start = [time.perf_counter(), time.process_time()]
 
     def account(trainer_, step, logs):  # every step: cheap; persisted at each log step
@@ -312,10 +326,20 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable) 
         training["cpu_seconds"] += now[1] - start[1]
         start[:] = now
         training["updates"] = step
+        if budget is not None and training["seconds"] >= budget and step < target:
+            path = trainer_.runner.checkpoint_here()
+            training["budget"] = {"minutes": max_train_minutes, "stopped_at": step}
+            state.save()
+            log(f"{run.name}: {max_train_minutes:g} minutes of training reached at update "
+                f"{step}: stopped there ({path})")
+            raise _BudgetSpent()
         if step % config.training.log_every == 0 or step == target:
             state.save()
 
-    trainer.train(hooks=[account])
+    try:
+        trainer.train(hooks=[account])
+    except _BudgetSpent:
+        pass
     state.save()
 
 
@@ -393,7 +417,7 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
 def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
             dev: Tuple[str, str], tests: Dict[str, Tuple[str, str]], output_dir: str,
             max_steps: Optional[int] = None, overrides: Sequence[str] = (),
-            log: Callable = logging.info) -> Dict:
+            log: Callable = logging.info, max_train_minutes: Optional[float] = None) -> Dict:
     """Trains, averages, decodes and scores one run (each stage skipped when done); returns
     its results.json entry."""
     run_dir = os.path.join(output_dir, "runs", run.name)
@@ -405,7 +429,7 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
         steps = min(config.training.train_steps, max_steps)
         config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra +
                              [f"training.train_steps={steps}"])
-    _train(run, config, run_dir, state, log)
+    _train(run, config, run_dir, state, log, max_train_minutes)
     averaged = _average(run, run_dir, state)
     results = dict(_decode(run, suite, averaged, dev, tests, run_dir, state, log))
     out = {name: {k: results[name][k] for k in ("bleu", "bleu_lc", "chrf")}
@@ -433,7 +457,10 @@ def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
         if t.get("timed_from_update", 0) > 0:  # partly or wholly trained outside the tool
             minutes = "n/a" if not t.get("seconds") else f"{minutes} (from update " \
                 f"{t['timed_from_update']})"
-        cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", str(t.get("updates", "")),
+        updates = str(t.get("updates", ""))
+        if "budget" in t:
+            updates += f" ({t['budget']['minutes']:g}-min budget)"
+        cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", updates,
                  minutes, str(r["decoding"]["length_penalty"])]
         for test in tests:
             s = r.get(test, {})
@@ -479,7 +506,8 @@ def _figures(suite: Suite, runs: List[PlannedRun], output_dir: str, test: Tuple[
 def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] = (),
               seeds: Sequence[int] = (), max_steps: Optional[int] = None,
               extra_tests: Sequence[Tuple[str, str, str]] = (),
-              overrides: Sequence[str] = (), log: Callable = logging.info) -> Dict[str, Dict]:
+              overrides: Sequence[str] = (), log: Callable = logging.info,
+              max_train_minutes: Optional[float] = None) -> Dict[str, Dict]:
     """Runs the suite (module docstring); returns and writes ``results.json``.
 
     Args:
@@ -491,7 +519,13 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
       max_steps: cap on every run's ``training.train_steps`` (smoke tests).
       extra_tests: ``(name, source, reference)`` test sets scored besides the suite's.
       overrides: config overrides for every run.
+      max_train_minutes: stop each run's training once its clock (``training.seconds`` in
+        results.json, summed over resumes) reaches this many minutes; the run is then averaged,
+        decoded and scored at the update it reached (``training.budget`` records it).  Run
+        again with a larger budget or none, it trains on towards ``training.train_steps``.
     """
+    if max_train_minutes is not None and not max_train_minutes > 0:
+        raise ValueError(f"max_train_minutes={max_train_minutes}: must be > 0")
     def split(name):
         return tuple(os.path.abspath(os.path.join(data_dir, f"{name}.{suffix}"))
                      for suffix in (suite.source_suffix, suite.target_suffix))
@@ -525,7 +559,7 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
             results = json.load(f)
     for run in runs:
         results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
-                                    max_steps, overrides, log)
+                                    max_steps, overrides, log, max_train_minutes)
         _write_results(results, results_path, list(tests), output_dir)
     first_test = next(iter(tests.values()), dev)
     _figures(suite, runs, output_dir, first_test, log)

@@ -291,3 +291,59 @@ def test_a_signal_or_a_diverged_run_ends_the_tool_with_a_message_not_a_traceback
     if raised == "interrupted":
         assert "experiment: interrupted by SIGTERM at step 7" in err
         assert "experiment: resume with: " in err
+
+
+@pytest.mark.slow
+def test_a_training_time_budget_stops_a_run_where_its_clock_runs_out(tmp_path, monkeypatch):
+    """``--max_train_minutes``: training stops at the update where the run's clock reaches the
+    budget, with a checkpoint there (not a multiple of checkpoint_every), and the run is
+    averaged and scored at that update; the same budget again trains nothing; a larger budget
+    trains on, and no budget trains to the planned length (the budget record is dropped).
+    The clock is faked: one second per update."""
+    from deep_nmt_tf import experiments
+    from deep_nmt_tf.run_dir import RunDir
+
+    ticks = iter(range(1, 10 ** 6))
+
+    class Clock:  # the tool's wall clock only (the runner keeps the real one)
+        process_time = staticmethod(__import__("time").process_time)
+
+        @staticmethod
+        def perf_counter():
+            return float(next(ticks))
+
+    monkeypatch.setattr(experiments, "time", Clock)
+    data = _corpus(tmp_path / "data", sizes=(("train", 200), ("valid", 6), ("test2016", 5)))
+    out = str(tmp_path / "out")
+    suite = load_suite(find_suite(SUITE))
+    overrides = TINY + ["training.checkpoint_every=20", "training.log_every=10"]
+    messages = []
+
+    def run(minutes, max_steps=50):
+        messages.clear()
+        return experiments.run_suite(suite, data, out, only=["baseline"], max_steps=max_steps,
+                                     overrides=overrides, log=messages.append,
+                                     max_train_minutes=minutes)["baseline"]
+
+    entry = run(0.25)  # 15 s: the clock reads 1 at the start, 1 + n after update n
+    assert entry["training"]["updates"] == 15
+    assert entry["training"]["budget"] == {"minutes": 0.25, "stopped_at": 15}
+    assert any("0.25 minutes of training reached at update 15" in m for m in messages)
+    run_dir = os.path.join(out, "runs", "baseline")
+    checkpoints = [os.path.basename(c) for c in RunDir(run_dir).list_checkpoints()]
+    assert checkpoints[-1] == "ckpt-15" and entry["training"]["averaged"] == len(checkpoints)
+    assert set(entry["test2016"]) == {"bleu", "bleu_lc", "chrf"}
+    assert "15 (0.25-min budget)" in open(os.path.join(out, "results.md"),
+                                          encoding="utf-8").read()
+    # The same budget: spent; nothing is trained or decoded again.
+    assert run(0.25) == entry and not any("training from update" in m for m in messages)
+    # A larger budget trains on from update 15 (the clock restarts where it stopped).
+    entry = run(0.5)
+    assert any("training from update 15 to 50" in m for m in messages)
+    assert entry["training"]["budget"] == {"minutes": 0.5, "stopped_at": 30}
+    assert os.path.basename(RunDir(run_dir).list_checkpoints()[-1]) == "ckpt-30"
+    # No budget: to the planned length; the run no longer counts as stopped by a budget.
+    entry = run(None)
+    assert entry["training"]["updates"] == 50 and "budget" not in entry["training"]
+    with pytest.raises(ValueError, match="max_train_minutes=0: must be > 0"):
+        run(0)

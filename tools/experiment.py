@@ -3,7 +3,8 @@ sets with beam search and scores them, then draws the papers' figures.
 
     deep-nmt-experiment --suite=multi30k --data_dir=../shared/data/multi30k \
         --output_dir=experiments/multi30k [--only=baseline,deep_post] [--seeds=1,2] \
-        [--max_steps=300] [--extra_test=flickr2017=test2017.en:test2017.de] \
+        [--max_steps=300] [--max_train_minutes=60] \
+        [--extra_test=flickr2017=test2017.en:test2017.de] \
         [--override=training.batch_tokens=4096]
 
 ``--suite`` is a suite file or the name of ``configs/<name>/suite.yaml``; ``--data_dir`` holds
@@ -12,12 +13,19 @@ A killed suite continues where it stopped when run again (finished stages are sk
 alone is ``--only=NAME``.  Writes ``OUTPUT_DIR/results.json``, ``results.md``, ``figures/`` and
 ``runs/<run>/`` (see :mod:`deep_nmt_tf.experiments`).
 
+``--max_train_minutes=M`` gives each run a training-time budget: its training stops (with a
+checkpoint) once the run's clock, summed over resumes, reaches M minutes, and the run is
+averaged, decoded and scored at the update it reached (``results.json`` records
+``training.budget``).  The schedules do not depend on the planned length, so the recipe is the
+same up to that update; what fits in M minutes depends on the machine.  Run again with a larger
+budget, or without one, the run trains on from there.
+
 Exit status: 0 on success; 1 when a run's training stopped on an error it names (non-finite
 updates, a lost worker) and for a flag error that absl reports with its usage message (an
-unknown or missing flag); 2 for a bad suite file, config, data, ``--seeds``, ``--max_steps`` or
-``--extra_test`` (named, no traceback); 128 + the signal's number (143 for SIGTERM, 130 for
-Ctrl-C) after an interruption: during training a checkpoint is saved, between stages
-(averaging, decoding) the interrupted stage reruns as a whole.
+unknown or missing flag); 2 for a bad suite file, config, data, ``--seeds``, ``--max_steps``,
+``--max_train_minutes`` or ``--extra_test`` (named, no traceback); 128 + the signal's number
+(143 for SIGTERM, 130 for Ctrl-C) after an interruption: during training a checkpoint is
+saved, between stages (averaging, decoding) the interrupted stage reruns as a whole.
 """
 
 from __future__ import annotations
@@ -40,6 +48,10 @@ define_flags([
                                     "or one seed of it by name, e.g. deep_post-seed1."),
     (flags.DEFINE_list, "seeds", [], "Seeds instead of the suite's (integers)."),
     (flags.DEFINE_integer, "max_steps", None, "Cap every run's training.train_steps."),
+    (flags.DEFINE_float, "max_train_minutes", None,
+     "Stop each run's training when its clock (summed over resumes) reaches this many "
+     "minutes, and score it at the update reached; run again with more (or none) to train "
+     "on."),
     (flags.DEFINE_multi_string, "extra_test", [], "NAME=SOURCE:REFERENCE, another test set "
                                                   "to score (repeatable)."),
     (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE for every run "
@@ -74,6 +86,8 @@ def main(argv: Sequence[str]) -> None:
         _fail(f"--seeds={','.join(FLAGS.seeds)}: integers expected")
     if FLAGS.max_steps is not None and FLAGS.max_steps < 1:
         _fail("--max_steps must be >= 1")
+    if FLAGS.max_train_minutes is not None and not FLAGS.max_train_minutes > 0:
+        _fail(f"--max_train_minutes={FLAGS.max_train_minutes:g}: must be > 0")
     extra = _extra_tests(FLAGS.extra_test)
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
@@ -84,7 +98,8 @@ def main(argv: Sequence[str]) -> None:
         suite = load_suite(find_suite(FLAGS.suite))
         results = run_suite(suite, FLAGS.data_dir, FLAGS.output_dir, only=FLAGS.only,
                             seeds=seeds, max_steps=FLAGS.max_steps, extra_tests=extra,
-                            overrides=FLAGS.override)
+                            overrides=FLAGS.override,
+                            max_train_minutes=FLAGS.max_train_minutes)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved

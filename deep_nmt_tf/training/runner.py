@@ -309,6 +309,13 @@ class Runner:
         self._checkpoint_pending = False
         return path
 
+    def checkpoint_here(self) -> Optional[str]:
+        """The checkpoint of the current step: the one already written there, or a new one
+        (every worker must call it)."""
+        step = int(self.trainer.step.numpy())
+        saved_step, saved = self.health.last_checkpoint
+        return saved if saved_step == step else self.save_checkpoint()
+
     def evaluate(self, write_summaries: bool = True) -> Dict[str, float]:
         """Dev evaluation at the current step (:class:`~deep_nmt_tf.training.evaluation.
         Evaluator`); written to ``MODEL_DIR/eval`` unless ``write_summaries`` is False."""
@@ -517,8 +524,7 @@ class Runner:
     def _interrupt(self, step: int, signal_name: str) -> None:
         """Saves a checkpoint at ``step`` (unless there is one) and raises
         :class:`~deep_nmt_tf.training.health.TrainingInterrupted`."""
-        saved_step, saved = self.health.last_checkpoint
-        path = saved if saved_step == step else self.save_checkpoint()
+        path = self.checkpoint_here()
         logging.warning("Interrupted by %s at step %d%s", signal_name, step,
                         f": saved {path}" if path else "")
         raise health.TrainingInterrupted(signal_name, step, path)
