@@ -32,12 +32,15 @@ checkpointing, evaluation, compilation or data paths), is refused with the diffe
 ``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
 also has the reserved keys ``"training"``: updates, seconds, CPU seconds (of the updates this tool
-ran: ``timed_from_update`` says where its clock started), parameters, seed, and ``budget``
-(``minutes``, ``stopped_at``) for a run stopped by ``--max_train_minutes``; and
+ran: ``timed_from_update`` says where its clock started), parameters, seed, precision,
+``hardware`` (CPU name with its family and model numbers, cores, TensorFlow version; machines
+joined by ``"; then "`` when a run resumed on another), and ``budget`` (``minutes``,
+``stopped_at``) for a run stopped by ``--max_train_minutes``; and
 ``"decoding"``: the beam, the chosen length penalty, its dev BLEU and ``dev_metric``, ``bleu``
-or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md`` (the
-table) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices, lexical
-shortcut gates, embedding-to-layer similarity).
+or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md``
+(the table, with the machines each run trained on) and ``figures/`` (r_t curves,
+transparent-attention weights, DLCL matrices, lexical shortcut gates, embedding-to-layer
+similarity).
 
 Scores: ``bleu`` is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same
 lowercased (the number the Multi30k literature reports), ``chrf`` sacreBLEU chrF2.
@@ -224,20 +227,44 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _cpu_name(cpuinfo: str) -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` text, with its family and model numbers
+    appended where they are given: a cloud CPU's name is often just "AMD EPYC", the same for
+    generations whose speed differs 1.6x on this package's models (docs/RESULTS.md)."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    name = fields.get("model name", "")
+    ids = [f"{k} {fields[k]}" for k in ("cpu family", "model") if fields.get(k)]
+    return f"{name} ({', '.join(ids)})" if name and ids else name
+
+
 def _hardware() -> str:
-    """``"<CPU model>, <n> cores, TensorFlow <version>"`` (the machine a run trained on)."""
+    """``"<CPU model> (cpu family F, model M), <n> cores, TensorFlow <version>"`` (the machine
+    a run trained on)."""
     import platform
 
     import tensorflow as tf
 
-    cpu = platform.processor() or platform.machine()
+    cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f
-                       if line.startswith("model name"))
-    except (OSError, StopIteration):
+            cpu = _cpu_name(f.read())
+    except OSError:
         pass
+    cpu = cpu or platform.processor() or platform.machine()
     return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
+
+
+def _record_hardware(training: Dict, hardware: str) -> None:
+    """Adds ``hardware`` to the machines a run has trained on (a resumed run may continue on
+    another machine: its wall time then mixes both, and the record says so)."""
+    seen = [h for h in training.get("hardware", "").split("; then ") if h]
+    if not seen or seen[-1] != hardware:
+        seen.append(hardware)
+    training["hardware"] = "; then ".join(seen)
 
 
 def _check_seed(run: PlannedRun, saved, run_dir: str, state: _State) -> None:
@@ -304,7 +331,8 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
     # run trained, or begun, by deep-nmt-train has no training time here; the table says so).
     training.setdefault("timed_from_update", done)
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
-                    config=os.path.abspath(run.config), hardware=_hardware())
+                    config=os.path.abspath(run.config), precision=config.training.precision)
+    _record_hardware(training, _hardware())
     budget = max_train_minutes * 60.0 if max_train_minutes else None
     if done >= target or (budget is not None and training["seconds"] >= budget):
         training["updates"] = done
@@ -447,7 +475,7 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
 
 
 def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
-    head = ["run", "params", "updates", "train min", "alpha"]
+    head = ["run", "params", "precision", "updates", "train min", "alpha"]
     for t in tests:
         head += [f"{t} BLEU lc", f"{t} BLEU", f"{t} chrF"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -460,7 +488,7 @@ def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
         updates = str(t.get("updates", ""))
         if "budget" in t:
             updates += f" ({t['budget']['minutes']:g}-min budget)"
-        cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", updates,
+        cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", t.get("precision", ""), updates,
                  minutes, str(r["decoding"]["length_penalty"])]
         for test in tests:
             s = r.get(test, {})
@@ -475,6 +503,12 @@ def _markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
                       f"{sum(t.get('cpu_seconds', 0.0) for t in timed) / 3600:.2f} CPU-hours"
                       + (f" ({untimed} run(s) trained in part or wholly outside the tool are "
                          "not fully counted)" if untimed else "") + "."]
+    machines: Dict[str, List[str]] = {}
+    for name, r in results.items():
+        if r["training"].get("hardware"):
+            machines.setdefault(r["training"]["hardware"], []).append(name)
+    if machines:  # wall times are comparable only between runs on the same machine
+        lines += [""] + [f"Trained on {hw}: {', '.join(names)}." for hw, names in machines.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,7 @@
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -86,11 +87,36 @@ def test_the_table_does_not_report_training_it_did_not_time():
                        "outside": run(seconds=0.0, timed_from_update=6000),
                        "resumed": run(seconds=600, cpu_seconds=1800, timed_from_update=4000)},
                       ["test2016"])
-    rows = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines()[2:5]}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[4] for line in table.splitlines()[2:5]}
     assert rows == {"timed": "30", "outside": "n/a", "resumed": "10 (from update 4000)"}
     assert table.splitlines()[-1] == (
         "Training time of the 2 timed run(s): 0.67 h wall, 1.50 CPU-hours (2 run(s) trained in "
         "part or wholly outside the tool are not fully counted).")
+    # The precision is a column, and the machines are listed (wall times compare only on one).
+    table = _markdown({"a": run(seconds=60, precision="mixed_bfloat16", hardware="CPU X"),
+                       "b": run(seconds=60, precision="float32", hardware="CPU Y"),
+                       "c": run(seconds=60, precision="float32", hardware="CPU X")}, ["test2016"])
+    assert [line.split(" | ")[2] for line in table.splitlines()[2:5]] == [
+        "mixed_bfloat16", "float32", "float32"]
+    assert table.splitlines()[-2:] == ["Trained on CPU X: a, c.", "Trained on CPU Y: b."]
+
+
+def test_the_machine_is_named_by_family_and_model_and_a_resume_elsewhere_is_recorded():
+    from deep_nmt_tf.experiments import _cpu_name, _record_hardware
+
+    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+               "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n"
+               "model name\t: AMD EPYC\n")
+    assert _cpu_name(cpuinfo) == "AMD EPYC (cpu family 26, model 2)"
+    assert _cpu_name("model name\t: Some CPU\n") == "Some CPU"
+    assert _cpu_name("flags\t: avx\n") == ""
+    training = {}
+    _record_hardware(training, "A, 2 cores")
+    _record_hardware(training, "A, 2 cores")  # resumed on the same machine: no change
+    assert training["hardware"] == "A, 2 cores"
+    _record_hardware(training, "B, 4 cores")
+    _record_hardware(training, "B, 4 cores")
+    assert training["hardware"] == "A, 2 cores; then B, 4 cores"
 
 
 def test_a_run_directory_of_another_seed_is_refused(tmp_path):
@@ -161,6 +187,8 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
         assert 0.0 < entry[test]["chrf"] <= 100.0 and entry[test]["bleu_lc"] >= entry[test]["bleu"]
     assert entry["test2016"] == entry["again"]  # the same set scored twice
     assert entry["training"]["updates"] == 300 and entry["training"]["averaged"] == 3
+    assert entry["training"]["precision"] == "float32"
+    assert re.search(r" cores, TensorFlow \d", entry["training"]["hardware"])
     assert entry["decoding"]["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4)
     run_dir = os.path.join(out, "runs", "baseline")
     assert len(open(os.path.join(run_dir, "test2016.hyp"), encoding="utf-8").readlines()) == 10
