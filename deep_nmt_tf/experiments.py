@@ -58,6 +58,7 @@ from absl import logging
 
 from deep_nmt_tf.config import ConfigError, field, load_config
 from deep_nmt_tf.config.loading import load_section
+from deep_nmt_tf.hardware import describe_machine, record_hardware
 
 __all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "planned_runs", "run_suite",
            "score", "RESERVED_KEYS"]
@@ -227,46 +228,6 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _cpu_name(cpuinfo: str) -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` text, with its family and model numbers
-    appended where they are given: a cloud CPU's name is often just "AMD EPYC", the same for
-    generations whose speed differs 1.6x on this package's models (docs/RESULTS.md)."""
-    fields = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    name = fields.get("model name", "")
-    ids = [f"{k} {fields[k]}" for k in ("cpu family", "model") if fields.get(k)]
-    return f"{name} ({', '.join(ids)})" if name and ids else name
-
-
-def _hardware() -> str:
-    """``"<CPU model> (cpu family F, model M), <n> cores, TensorFlow <version>"`` (the machine
-    a run trained on)."""
-    import platform
-
-    import tensorflow as tf
-
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = _cpu_name(f.read())
-    except OSError:
-        pass
-    cpu = cpu or platform.processor() or platform.machine()
-    return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
-
-
-def _record_hardware(training: Dict, hardware: str) -> None:
-    """Adds ``hardware`` to the machines a run has trained on (a resumed run may continue on
-    another machine: its wall time then mixes both, and the record says so)."""
-    seen = [h for h in training.get("hardware", "").split("; then ") if h]
-    if not seen or seen[-1] != hardware:
-        seen.append(hardware)
-    training["hardware"] = "; then ".join(seen)
-
-
 def _check_seed(run: PlannedRun, saved, run_dir: str, state: _State) -> None:
     """Refuses a run directory trained with another seed (a run named without ``-seedN``, asked
     for another seed with ``--seeds``): resuming it would label one seed's model as another's.
@@ -332,7 +293,7 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
     training.setdefault("timed_from_update", done)
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
                     config=os.path.abspath(run.config), precision=config.training.precision)
-    _record_hardware(training, _hardware())
+    record_hardware(training, describe_machine())
     budget = max_train_minutes * 60.0 if max_train_minutes else None
     if done >= target or (budget is not None and training["seconds"] >= budget):
         training["updates"] = done

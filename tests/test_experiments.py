@@ -102,7 +102,7 @@ def test_the_table_does_not_report_training_it_did_not_time():
 
 
 def test_the_machine_is_named_by_family_and_model_and_a_resume_elsewhere_is_recorded():
-    from deep_nmt_tf.experiments import _cpu_name, _record_hardware
+    from deep_nmt_tf.hardware import cpu_name as _cpu_name, record_hardware as _record_hardware
 
     cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
                "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n"

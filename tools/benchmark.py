@@ -415,11 +415,16 @@ def format_results(result: Dict[str, object]) -> str:
 
 
 def _append_json(results):
-    """Appends one JSON line per result to ``--output`` (if given)."""
+    """Appends one JSON line per result to ``--output`` (if given), each naming the machine
+    (``"machine"``: CPU name, family and model, cores, TensorFlow version), since figures from
+    different machines do not compare."""
     if FLAGS.output:
+        from deep_nmt_tf.hardware import describe_machine
+
+        machine = describe_machine()
         with open(FLAGS.output, "a", encoding="utf-8") as f:
             for r in results:
-                f.write(json.dumps(r) + "\n")
+                f.write(json.dumps({**r, "machine": r.get("machine", machine)}) + "\n")
 
 
 def _check_mode_flags():
