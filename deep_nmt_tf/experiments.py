@@ -293,7 +293,6 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
     training.setdefault("timed_from_update", done)
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
                     config=os.path.abspath(run.config), precision=config.training.precision)
-    record_hardware(training, describe_machine())
     budget = max_train_minutes * 60.0 if max_train_minutes else None
     if done >= target or (budget is not None and training["seconds"] >= budget):
         training["updates"] = done
@@ -304,6 +303,7 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
         state.save()
         return
     training.pop("budget", None)
+    record_hardware(training, describe_machine())  # only where it trains, not where re-scored
     log(f"{run.name}: training from update {done} to {target}"
         + (f", or until its clock reaches {max_train_minutes:g} minutes (now "
            f"{training['seconds'] / 60:.1f})" if budget is not None else ""))

@@ -1,5 +1,6 @@
 """Which machine a result came from: the CPU by name, family and model, the core count and the
-TensorFlow version, recorded with each run of ``deep-nmt-experiment``.
+TensorFlow version, recorded with each run of ``deep-nmt-experiment`` and each result of
+``deep-nmt-benchmark --output``.
 
 A cloud CPU's model name is often just "AMD EPYC", the same for generations that differ 1.6x in
 speed on this package's models (docs/RESULTS.md): the family and model numbers tell them apart,

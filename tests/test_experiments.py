@@ -102,20 +102,20 @@ def test_the_table_does_not_report_training_it_did_not_time():
 
 
 def test_the_machine_is_named_by_family_and_model_and_a_resume_elsewhere_is_recorded():
-    from deep_nmt_tf.hardware import cpu_name as _cpu_name, record_hardware as _record_hardware
+    from deep_nmt_tf.hardware import cpu_name, record_hardware
 
     cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
                "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n"
                "model name\t: AMD EPYC\n")
-    assert _cpu_name(cpuinfo) == "AMD EPYC (cpu family 26, model 2)"
-    assert _cpu_name("model name\t: Some CPU\n") == "Some CPU"
-    assert _cpu_name("flags\t: avx\n") == ""
+    assert cpu_name(cpuinfo) == "AMD EPYC (cpu family 26, model 2)"
+    assert cpu_name("model name\t: Some CPU\n") == "Some CPU"
+    assert cpu_name("flags\t: avx\n") == ""
     training = {}
-    _record_hardware(training, "A, 2 cores")
-    _record_hardware(training, "A, 2 cores")  # resumed on the same machine: no change
+    record_hardware(training, "A, 2 cores")
+    record_hardware(training, "A, 2 cores")  # resumed on the same machine: no change
     assert training["hardware"] == "A, 2 cores"
-    _record_hardware(training, "B, 4 cores")
-    _record_hardware(training, "B, 4 cores")
+    record_hardware(training, "B, 4 cores")
+    record_hardware(training, "B, 4 cores")
     assert training["hardware"] == "A, 2 cores; then B, 4 cores"
 
 
