@@ -37,7 +37,7 @@ from deep_nmt_tf.config.fields import OneOf, Registry, field
 
 __all__ = [
     "ENCODER_TYPES", "DECODER_TYPES", "EncoderConfig", "DecoderConfig",
-    "DLCLOptions", "EncoderShortcutOptions", "DecoderShortcutOptions",
+    "DLCLOptions", "ResidualScalingOptions", "EncoderShortcutOptions", "DecoderShortcutOptions",
     "TransformerEncoderOptions", "TransformerDecoderOptions",
     "RNMTPlusEncoderOptions", "RNMTPlusDecoderOptions",
     "CascadedEncoderOptions", "MultiColumnEncoderOptions",
@@ -101,6 +101,23 @@ class DecoderShortcutOptions:
 
 
 @dataclasses.dataclass
+class ResidualScalingOptions:
+    """Up-weighted post-norm residuals for deep stacks, ``x_{l+1} = LN(w x_l + G(x_l))``:
+    DeepNorm (Wang et al. 2022) or Admin (Liu et al. 2020); see
+    ``deep_nmt_tf.layers.deep_residual``.  Defined with post-norm, transparent attention and
+    lexical shortcuts; not with pre-norm or DLCL (refused)."""
+    method: str = field("none", "'deepnorm': w = alpha, FFN/value/output projections "
+                        "initialised scaled by beta; 'admin': w = a learnable per-dimension "
+                        "omega; 'none': w = 1.", choices=("none", "deepnorm", "admin"))
+    alpha: float = field(0.0, "DeepNorm's residual weight; 0: the paper's formula (encoder "
+                         "0.81 (N^4 M)^(1/16), decoder (3M)^(1/4)).", min=0.0)
+    beta: float = field(0.0, "DeepNorm's initialisation scale; 0: the paper's formula "
+                        "(encoder 0.87 (N^4 M)^(-1/16), decoder (12M)^(-1/4)).", min=0.0)
+    omega: float = field(0.0, "Admin's initial omega; 0: sqrt((n+1)/ln(n+1) - 1), n = 2 "
+                         "(encoder) or 3 (decoder) residual sub-layers per layer.", min=0.0)
+
+
+@dataclasses.dataclass
 class _TransformerStackOptions:
     """The keys both Transformer stacks have."""
     num_layers: int = field(6, "Number of layers.", min=1)
@@ -118,6 +135,8 @@ class _TransformerStackOptions:
     relu_dropout: float = field(0.0, "Dropout inside the feed-forward sub-layer.", min=0.0,
                                 max=1.0, max_exclusive=True)
     dlcl: DLCLOptions = field(DLCLOptions(), "DLCL (Wang et al. 2019).")
+    residual_scaling: ResidualScalingOptions = field(
+        ResidualScalingOptions(), "DeepNorm (Wang et al. 2022) / Admin (Liu et al. 2020).")
 
     def embedding_kind(self) -> str:
         return "transformer"

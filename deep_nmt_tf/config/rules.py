@@ -112,11 +112,38 @@ def _transformer(options, key: str, m, fail: Fail) -> None:
         fail(f"{key}.num_heads", f"{options.num_heads} does not divide model.d_model="
              f"{m.d_model}")
     _dlcl(options.dlcl, f"{key}.dlcl", fail)
+    _residual_scaling(options, key, m, fail)
     lex = options.lexical_shortcuts
     if lex.enabled and getattr(lex, "placement", "self") != "self" and \
             lex.source == "non_lexical":
         fail(f"{key}.lexical_shortcuts.source", "'non_lexical' (Emelin et al. section 4.3) is "
              "defined for self-attention shortcuts only; use placement: self")
+
+
+def _residual_scaling(options, key: str, m, fail: Fail) -> None:
+    r = options.residual_scaling
+    rkey = f"{key}.residual_scaling"
+    if r.method == "none":
+        for name in ("alpha", "beta", "omega"):
+            if getattr(r, name):
+                fail(f"{rkey}.{name}", f"set, but {rkey}.method is 'none'")
+        return
+    name = {"deepnorm": "DeepNorm", "admin": "Admin"}[r.method]
+    unused = ("omega",) if r.method == "deepnorm" else ("alpha", "beta")
+    for other in unused:
+        if getattr(r, other):
+            fail(f"{rkey}.{other}", f"is not a constant of {name} ({rkey}.method)")
+    if options.norm != "post":
+        fail(f"{rkey}.method", f"{name} up-weights post-norm residuals; it is not defined with "
+             f"{key}.norm: {options.norm}")
+    if options.dlcl.enabled:
+        fail(f"{rkey}.method", f"{name} is not defined with DLCL ({key}.dlcl.enabled): DLCL "
+             "replaces the residual stream its constants are derived for")
+    if r.method == "deepnorm" and not (r.alpha and r.beta):
+        if m.encoder.type != "transformer" or m.decoder.type != "transformer":
+            fail(f"{rkey}.method", "DeepNorm's formulas need the depths of a Transformer "
+                 "encoder and a Transformer decoder; set alpha and beta explicitly for this "
+                 "architecture")
 
 
 def _dlcl(d: DLCLOptions, key: str, fail: Fail) -> None:

@@ -6,6 +6,8 @@ Every layer is registered serializable under the package name ``deep_nmt_tf``.
 from deep_nmt_tf.layers.additive_attention import MultiHeadAdditiveAttention
 from deep_nmt_tf.layers.attention import (MultiHeadAttention, causal_bias, padding_bias,
                                           step_bias)
+from deep_nmt_tf.layers.deep_residual import (BlockScaled, admin_omega, deepnorm_constants,
+                                              resolve_deep_residual)
 from deep_nmt_tf.layers.dlcl import DLCLHistory, DynamicLinearCombination
 from deep_nmt_tf.layers.embedding import (SinusoidalPositionEncoding, TokenEmbedding,
                                           sinusoidal_table)
@@ -37,4 +39,9 @@ __all__ = [
     "DynamicLinearCombination",
     "DLCLHistory",
     "LexicalShortcut",
+    # the later deep stabilisers: DeepNorm (Wang et al. 2022), Admin (Liu et al. 2020)
+    "deepnorm_constants",
+    "admin_omega",
+    "resolve_deep_residual",
+    "BlockScaled",
 ]

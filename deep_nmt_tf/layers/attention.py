@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from deep_nmt_tf.layers.deep_residual import BlockScaled
+
 __all__ = [
     "MultiHeadAttention",
     "padding_bias",
@@ -114,6 +116,8 @@ class MultiHeadAttention(keras.layers.Layer):
         keys/values from ``memory`` otherwise.
       memory_dim: size of the memory for encoder-decoder attention (default d_model).
       kernel_initializer, bias_initializer: projection initialisers.
+      value_output_scale: DeepNorm's beta: the value and output projections are initialised
+        scaled by it (the query and key projections are not).
 
     Call:
       ``layer(x, memory=None, bias=None, training=None)``: ``x`` ``[B, T, D]``; ``bias`` an
@@ -127,7 +131,8 @@ class MultiHeadAttention(keras.layers.Layer):
     """
 
     def __init__(self, d_model, num_heads, dropout=0.0, self_attention=True, memory_dim=None,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros", **kwargs):
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 value_output_scale=1.0, **kwargs):
         super().__init__(**kwargs)
         if d_model % num_heads:
             raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
@@ -139,24 +144,30 @@ class MultiHeadAttention(keras.layers.Layer):
         self.memory_dim = int(memory_dim or d_model)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.value_output_scale = float(value_output_scale)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
 
-    def _w(self, name, shape, bias=False):
-        return self.add_weight(
-            name=name, shape=shape,
-            initializer=self.bias_initializer if bias else self.kernel_initializer)
+    def _w(self, name, shape, bias=False, scaled_blocks=None):
+        """A weight; ``scaled_blocks`` (one bool per equal column block) marks the blocks that
+        DeepNorm's beta (``value_output_scale``) scales at initialisation."""
+        init = self.bias_initializer if bias else self.kernel_initializer
+        if scaled_blocks is not None and self.value_output_scale != 1.0:
+            init = BlockScaled(init, [self.value_output_scale if scaled else 1.0
+                                      for scaled in scaled_blocks])
+        return self.add_weight(name=name, shape=shape, initializer=init)
 
     def build(self, input_shape=None):
         d = self.d_model
         if self.self_attention:
-            self.qkv_kernel = self._w("qkv_kernel", (d, 3 * d))
+            self.qkv_kernel = self._w("qkv_kernel", (d, 3 * d), scaled_blocks=(False, False, True))
             self.qkv_bias = self._w("qkv_bias", (3 * d,), bias=True)
         else:
             self.q_kernel = self._w("q_kernel", (d, d))
             self.q_bias = self._w("q_bias", (d,), bias=True)
-            self.kv_kernel = self._w("kv_kernel", (self.memory_dim, 2 * d))
+            self.kv_kernel = self._w("kv_kernel", (self.memory_dim, 2 * d),
+                                     scaled_blocks=(False, True))
             self.kv_bias = self._w("kv_bias", (2 * d,), bias=True)
-        self.output_kernel = self._w("output_kernel", (d, d))
+        self.output_kernel = self._w("output_kernel", (d, d), scaled_blocks=(True,))
         self.output_bias = self._w("output_bias", (d,), bias=True)
         self.built = True
 
@@ -271,5 +282,6 @@ class MultiHeadAttention(keras.layers.Layer):
             "memory_dim": self.memory_dim,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "value_output_scale": self.value_output_scale,
         })
         return config

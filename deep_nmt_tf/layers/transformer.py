@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from deep_nmt_tf.layers.attention import MultiHeadAttention, dense
+from deep_nmt_tf.layers.deep_residual import BlockScaled
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 
 __all__ = ["FeedForward", "Residual", "TransformerEncoderLayer", "TransformerDecoderLayer"]
@@ -64,31 +65,54 @@ class FeedForward(keras.layers.Layer):
 class Residual(keras.layers.Layer):
     """Residual connection with LayerNorm and residual dropout around a sub-layer ``f``:
 
-    - post-norm: ``LN(x + dropout(f(x)))``;
-    - pre-norm:  ``x + dropout(f(LN(x)))``.
+    - post-norm: ``LN(w * x + dropout(f(x)))``, ``w`` = 1 (Vaswani et al.), a constant alpha
+      (DeepNorm) or a learnable per-dimension vector initialised to ``scale`` (Admin); see
+      :mod:`deep_nmt_tf.layers.deep_residual`;
+    - pre-norm:  ``x + dropout(f(LN(x)))`` (no residual scale).
 
     Usage: ``y = res.outputs(x, f(res.inputs(x)), training)``.
+
+    Args:
+      norm: ``"post"`` or ``"pre"``.
+      epsilon: LayerNorm epsilon.
+      residual_dropout: dropout on ``f(x)``.
+      scale: the residual weight ``w`` (post-norm only).
+      learnable_scale: ``w`` is a trainable ``[D]`` vector initialised to ``scale`` (Admin).
     """
 
-    def __init__(self, norm="post", epsilon=1e-6, residual_dropout=0.0, **kwargs):
+    def __init__(self, norm="post", epsilon=1e-6, residual_dropout=0.0, scale=1.0,
+                 learnable_scale=False, **kwargs):
         super().__init__(**kwargs)
         self.norm = norm
         self.epsilon = float(epsilon)
         self.residual_dropout = float(residual_dropout)
+        self.scale = float(scale)
+        self.learnable_scale = bool(learnable_scale)
+        self.pre = norm == "pre"
+        if self.pre and (self.scale != 1.0 or self.learnable_scale):
+            raise ValueError("a residual scale (DeepNorm, Admin) needs norm='post'")
         self.norm_layer = keras.layers.LayerNormalization(
             epsilon=self.epsilon, dtype=self.dtype_policy, name="norm")
         self.dropout = keras.layers.Dropout(self.residual_dropout, dtype=self.dtype_policy)
-        self.pre = norm == "pre"
 
     def build(self, input_shape):
         self.norm_layer.build(input_shape)
+        if self.learnable_scale:
+            self.omega = self.add_weight(
+                name="omega", shape=(input_shape[-1],),
+                initializer=keras.initializers.Constant(self.scale))
         self.built = True
 
     def inputs(self, x):
         return self.norm_layer(x) if self.pre else x
 
     def outputs(self, x, y, training=None):
-        y = x + self.dropout(y, training=training)
+        y = self.dropout(y, training=training)
+        if self.learnable_scale:
+            x = x * ops.cast(self.omega, x.dtype)
+        elif self.scale != 1.0:
+            x = x * ops.cast(self.scale, x.dtype)
+        y = x + y
         return y if self.pre else self.norm_layer(y)
 
     def call(self, x, y, training=None):
@@ -97,16 +121,21 @@ class Residual(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"norm": self.norm, "epsilon": self.epsilon,
-                       "residual_dropout": self.residual_dropout})
+                       "residual_dropout": self.residual_dropout, "scale": self.scale,
+                       "learnable_scale": self.learnable_scale})
         return config
 
 
 class _TransformerLayerBase(keras.layers.Layer):
     def __init__(self, d_model, num_heads, ffn_dim, norm="post", residual_dropout=0.1,
-                 attention_dropout=0.0, relu_dropout=0.0, layer_norm_epsilon=1e-6, **kwargs):
+                 attention_dropout=0.0, relu_dropout=0.0, layer_norm_epsilon=1e-6,
+                 residual_scale=1.0, learnable_residual_scale=False, init_scale=1.0, **kwargs):
         super().__init__(**kwargs)
         if norm not in ("pre", "post"):
             raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        self.residual_scale = float(residual_scale)
+        self.learnable_residual_scale = bool(learnable_residual_scale)
+        self.init_scale = float(init_scale)
         self.d_model = int(d_model)
         self.num_heads = int(num_heads)
         self.ffn_dim = int(ffn_dim)
@@ -118,7 +147,21 @@ class _TransformerLayerBase(keras.layers.Layer):
 
     def _sublayer(self, name):
         return Residual(self.norm, self.layer_norm_epsilon, self.residual_dropout,
+                        scale=self.residual_scale, learnable_scale=self.learnable_residual_scale,
                         dtype=self.dtype_policy, name=f"{name}_residual")
+
+    def _attention(self, name, self_attention, **kwargs):
+        return MultiHeadAttention(self.d_model, self.num_heads, self.attention_dropout,
+                                  self_attention=self_attention,
+                                  value_output_scale=self.init_scale, dtype=self.dtype_policy,
+                                  name=name, **kwargs)
+
+    def _ffn(self):
+        init = "glorot_uniform"
+        if self.init_scale != 1.0:
+            init = BlockScaled(init, [self.init_scale])
+        return FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
+                           kernel_initializer=init, dtype=self.dtype_policy, name="ffn")
 
     def _shortcut(self, variant, name):
         if variant is None:
@@ -149,6 +192,9 @@ class _TransformerLayerBase(keras.layers.Layer):
             "attention_dropout": self.attention_dropout,
             "relu_dropout": self.relu_dropout,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "residual_scale": self.residual_scale,
+            "learnable_residual_scale": self.learnable_residual_scale,
+            "init_scale": self.init_scale,
         })
         return config
 
@@ -162,6 +208,11 @@ class TransformerEncoderLayer(_TransformerLayerBase):
       norm: ``"post"`` (Vaswani et al.) or ``"pre"`` (Wang et al. 2019).
       residual_dropout, attention_dropout, relu_dropout: Tensor2Tensor's dropouts.
       layer_norm_epsilon: LayerNorm epsilon.
+      residual_scale, learnable_residual_scale: the post-norm residual weight of every
+        sub-layer (:class:`Residual`): DeepNorm's alpha (fixed) or Admin's initial omega
+        (learnable), see :mod:`deep_nmt_tf.layers.deep_residual`.
+      init_scale: DeepNorm's beta: the feed-forward, value and output projections are
+        initialised scaled by it (1: unscaled).
 
       shortcut: ``None`` or a lexical-shortcut variant (``'shortcuts'`` or
         ``'feature_fusion'``, :class:`~deep_nmt_tf.layers.LexicalShortcut`) gating a shortcut
@@ -182,12 +233,9 @@ class TransformerEncoderLayer(_TransformerLayerBase):
     def __init__(self, *args, shortcut=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.shortcut_variant = shortcut
-        self.self_attention = MultiHeadAttention(
-            self.d_model, self.num_heads, self.attention_dropout, self_attention=True,
-            dtype=self.dtype_policy, name="self_attention")
+        self.self_attention = self._attention("self_attention", True)
         self.self_shortcut = self._shortcut(shortcut, "self_attention_shortcut")
-        self.ffn = FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
-                               dtype=self.dtype_policy, name="ffn")
+        self.ffn = self._ffn()
         self.attention_sublayer = self._sublayer("self_attention")
         self.ffn_sublayer = self._sublayer("ffn")
 
@@ -257,20 +305,16 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         self.memory_dim = int(memory_dim or self.d_model)
         self.self_shortcut_variant = self_shortcut
         self.cross_shortcut_variant = cross_shortcut
-        self.self_attention = MultiHeadAttention(
-            self.d_model, self.num_heads, self.attention_dropout, self_attention=True,
-            dtype=self.dtype_policy, name="self_attention")
-        self.cross_attention = MultiHeadAttention(
-            self.d_model, self.num_heads, self.attention_dropout, self_attention=False,
-            memory_dim=self.memory_dim, dtype=self.dtype_policy, name="cross_attention")
+        self.self_attention = self._attention("self_attention", True)
+        self.cross_attention = self._attention("cross_attention", False,
+                                               memory_dim=self.memory_dim)
         self.self_shortcut = self._shortcut(self_shortcut, "self_attention_shortcut")
         self.cross_shortcut = None
         if cross_shortcut is not None:
             self.cross_shortcut = LexicalShortcut(
                 self.d_model, source_dim=self.memory_dim, variant=cross_shortcut,
                 dtype=self.dtype_policy, name="cross_attention_shortcut")
-        self.ffn = FeedForward(self.d_model, self.ffn_dim, self.relu_dropout,
-                               dtype=self.dtype_policy, name="ffn")
+        self.ffn = self._ffn()
         self.self_sublayer = self._sublayer("self_attention")
         self.cross_sublayer = self._sublayer("cross_attention")
         self.ffn_sublayer = self._sublayer("ffn")

@@ -28,6 +28,7 @@ from keras import ops
 
 from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.layers.attention import causal_bias, dense, padding_bias, step_bias
+from deep_nmt_tf.layers.deep_residual import resolve_deep_residual
 from deep_nmt_tf.layers.dlcl import DynamicLinearCombination
 from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding
 from deep_nmt_tf.layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
@@ -36,11 +37,18 @@ from deep_nmt_tf.models.base import Decoder, Encoder, register_decoder, register
 __all__ = ["TransformerEncoder", "TransformerDecoder"]
 
 
-def _stack_kwargs(options, model):
+def _stack_kwargs(options, model, side):
     """Constructor arguments shared by both stacks, from an options section
-    (``model.{encoder,decoder}.transformer``) and the ``ModelConfig``."""
+    (``model.{encoder,decoder}.transformer``), the ``ModelConfig`` and the stack's side
+    (``"encoder"`` / ``"decoder"``: DeepNorm's and Admin's constants differ)."""
     dlcl = options.dlcl
-    return dict(d_model=model.d_model, num_heads=options.num_heads, ffn_dim=options.ffn_dim,
+    r = options.residual_scaling
+    depth = {k: getattr(c.get(), "num_layers", None) if c.type == "transformer" else None
+             for k, c in (("encoder", model.encoder), ("decoder", model.decoder))}
+    scaling = resolve_deep_residual(r.method, side, options.num_layers, depth["encoder"],
+                                    depth["decoder"], alpha=r.alpha, beta=r.beta, omega=r.omega)
+    return dict(residual_scaling=scaling, d_model=model.d_model, num_heads=options.num_heads,
+                ffn_dim=options.ffn_dim,
                 norm=options.norm, input_dropout=options.input_dropout,
                 residual_dropout=options.residual_dropout,
                 attention_dropout=options.attention_dropout, relu_dropout=options.relu_dropout,
@@ -55,7 +63,8 @@ class _StackBase(keras.layers.Layer):
 
     def __init__(self, embedding, num_layers, d_model, num_heads, ffn_dim, norm="post",
                  input_dropout=0.1, residual_dropout=0.1, attention_dropout=0.0,
-                 relu_dropout=0.0, layer_norm_epsilon=1e-6, dlcl=None, shortcuts=None, **kwargs):
+                 relu_dropout=0.0, layer_norm_epsilon=1e-6, dlcl=None, shortcuts=None,
+                 residual_scaling=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(embedding, dict):
             embedding = keras.saving.deserialize_keras_object(embedding)
@@ -77,6 +86,15 @@ class _StackBase(keras.layers.Layer):
         if norm == "pre":
             self.final_norm = keras.layers.LayerNormalization(
                 epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm")
+        self.residual_scaling = dict(residual_scaling) if residual_scaling else None
+        if self.residual_scaling is not None:
+            unknown = set(self.residual_scaling) - {"residual_scale", "learnable_residual_scale",
+                                                    "init_scale"}
+            if unknown:
+                raise ValueError(f"unknown residual_scaling keys {sorted(unknown)}")
+            if norm != "post" or dlcl:
+                raise ValueError("residual_scaling (DeepNorm, Admin) needs norm='post' and no "
+                                 "DLCL")
         self.dlcl_options = dict(dlcl) if dlcl else None
         self.dlcl = None
         if self.dlcl_options is not None:
@@ -135,7 +153,8 @@ class _StackBase(keras.layers.Layer):
         return dict(d_model=self.d_model, num_heads=self.num_heads, ffn_dim=self.ffn_dim,
                     norm=self.norm, residual_dropout=self.residual_dropout,
                     attention_dropout=self.attention_dropout, relu_dropout=self.relu_dropout,
-                    layer_norm_epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy)
+                    layer_norm_epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy,
+                    **(self.residual_scaling or {}))
 
     def embed(self, ids, start=0, training=None):
         """Scaled token embedding + sinusoidal positions + input dropout (layer 0's output)."""
@@ -174,6 +193,7 @@ class _StackBase(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "dlcl": self.dlcl_options,
             "shortcuts": self.shortcut_options,
+            "residual_scaling": self.residual_scaling,
         })
         return config
 
@@ -205,6 +225,10 @@ class TransformerEncoder(_StackBase, Encoder):
       dlcl: ``None`` or DLCL options (module docstring); with pre-norm the final LayerNorm
         follows the last combination.
       shortcuts: ``None`` or lexical-shortcut options (module docstring).
+      residual_scaling: ``None`` or the layers' DeepNorm/Admin arguments
+        (``residual_scale``, ``learnable_residual_scale``, ``init_scale``, as
+        :func:`~deep_nmt_tf.layers.deep_residual.resolve_deep_residual` returns them);
+        post-norm only, not with DLCL.
     """
 
     def __init__(self, embedding, num_layers, *args, **kwargs):
@@ -219,7 +243,7 @@ class TransformerEncoder(_StackBase, Encoder):
         lex = options.lexical_shortcuts
         shortcuts = dict(variant=lex.variant, source=lex.source) if lex.enabled else None
         return cls(embedding, options.num_layers, dtype=dtype, name=name, shortcuts=shortcuts,
-                   **_stack_kwargs(options, model))
+                   **_stack_kwargs(options, model, "encoder"))
 
     @property
     def output_dim(self):
@@ -311,7 +335,7 @@ class TransformerDecoder(_StackBase, Decoder):
                    tie_softmax=options.tie_softmax, memory_dim=memory_dim,
                    shortcuts=dict(variant=lex.variant, source=lex.source) if on_self else None,
                    cross_shortcuts=lex.variant if on_cross else None,
-                   **_stack_kwargs(options, model))
+                   **_stack_kwargs(options, model, "decoder"))
 
     @property
     def uses_memory_embeddings(self):
