@@ -55,6 +55,23 @@ def test_the_multi30k_suite_resolves_every_run():
                                                    ("deep_post_transparent-seed1", 1)]
 
 
+def test_the_tatoeba_suite_resolves_every_run():
+    suite = load_suite(find_suite(os.path.join(ROOT, "configs", "tatoeba", "suite.yaml")))
+    from deep_nmt_tf.config import load_config
+
+    configs = {r.name: load_config(r.config) for r in planned_runs(suite)}
+    assert list(configs) == ["baseline", "deep_post", "deep_post_transparent",
+                             "deep_post_deepnorm", "deep_pre"]
+    assert {c.training.train_steps for c in configs.values()} == {12000}
+    encoders = {name: c.model.encoder.get() for name, c in configs.items()}
+    assert encoders["baseline"].num_layers == 4
+    assert {encoders[n].num_layers for n in configs if n != "baseline"} == {18}
+    assert encoders["deep_post_deepnorm"].residual_scaling.method == "deepnorm"
+    assert encoders["deep_pre"].norm == "pre"
+    assert configs["deep_post_transparent"].model.transparent_attention.enabled
+    assert suite.tests == ("test",)
+
+
 def test_suite_file_errors_name_the_key(tmp_path):
     path = tmp_path / "suite.yaml"
     path.write_text("runs:\n  - {name: a, config: a.yaml, sedes: [1]}\n")
