@@ -1,0 +1,135 @@
+"""How sure a BLEU difference is: statistics over seeds and sacreBLEU's paired bootstrap test.
+
+Two kinds of uncertainty, reported side by side because neither covers the other:
+
+- **between training runs** (:func:`seed_statistics`): mean, sample standard deviation and the
+  95% Student-t interval of the mean over the seeds of one system;
+- **between test sets** (:func:`paired_bootstrap`): sacreBLEU's paired bootstrap resampling
+  (Koehn 2004; ``sacrebleu.significance.PairedTest`` with ``test_type="bs"``, 1,000 resamples by
+  default, resampling seed 12345 unless ``SACREBLEU_SEED`` says otherwise) of one system
+  against a baseline on the same test sentences: each system's BLEU, its bootstrap mean with
+  the 95% interval, and the p-value of the difference.
+
+:func:`call_effect` applies the rule ``docs/RESULTS.md`` uses: a difference is called an effect
+only when the seeds and the test agree (every seed pair significant in the same direction and
+the seed means ordered the same way).
+
+No TensorFlow is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Mapping, Sequence
+
+__all__ = ["seed_statistics", "paired_bootstrap", "call_effect", "T_975"]
+
+#: Two-sided 95% quantiles of Student's t distribution by degrees of freedom (1-30).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def _t975(df: int) -> float:
+    return T_975[df - 1] if df <= len(T_975) else 1.960
+
+
+def seed_statistics(values: Sequence[float]) -> Dict[str, object]:
+    """Mean, sample standard deviation (``ddof=1``) and the 95% t-interval of the mean.
+
+    Returns ``{"n", "mean", "std", "ci95"}`` (``ci95`` a ``[low, high]`` list; with one value
+    the standard deviation is 0 and the interval ``None``: one seed says nothing about seeds).
+
+    >>> s = seed_statistics([39.6, 39.2, 39.4])
+    >>> round(s["mean"], 2), round(s["std"], 2), [round(v, 2) for v in s["ci95"]]
+    (39.4, 0.2, [38.9, 39.9])
+    """
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no values")
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "std": 0.0, "ci95": None}
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = _t975(n - 1) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
+
+
+def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
+                     systems: Mapping[str, Sequence[str]], lowercase: bool = True,
+                     n_samples: int = 1000) -> Dict[str, Dict[str, float]]:
+    """sacreBLEU's paired bootstrap test of each system against ``baseline``.
+
+    Args:
+      references: one reference per test sentence.
+      baseline: the baseline's detokenised translations (same order).
+      systems: name -> translations of the systems to compare with it.
+      lowercase: score lowercased BLEU (the Multi30k figure); cased otherwise.
+      n_samples: bootstrap resamples (1,000: the usual choice, and sacreBLEU's default).
+
+    Returns:
+      name -> ``{"bleu", "mean", "ci95": [low, high], "p_value", "delta"}``: the system's
+      BLEU, its bootstrap mean and 95% interval, the p-value of its difference from the
+      baseline, and ``delta`` = its BLEU minus the baseline's.  The baseline itself is under
+      ``"baseline"`` (no p-value).
+
+    Raises:
+      ValueError: a system with another number of sentences than the references.
+    """
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    references = list(references)
+    named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
+    for name, hyps in named:
+        if len(hyps) != len(references):
+            raise ValueError(f"{name}: {len(hyps)} translations for {len(references)} "
+                             "references")
+    if "baseline" in systems:
+        raise ValueError("'baseline' is the name of the reference system; rename that system")
+    test = PairedTest(named, {"BLEU": BLEU(lowercase=lowercase)}, [references],
+                      test_type="bs", n_samples=int(n_samples))
+    _, scores = test()
+    base_score = float(scores["BLEU"][0].score)
+    out: Dict[str, Dict[str, float]] = {}
+    for name, result in zip(scores["System"], scores["BLEU"]):
+        entry = {"bleu": float(result.score), "delta": float(result.score) - base_score}
+        if result.mean is not None:
+            entry.update(mean=float(result.mean), ci95=[float(result.mean - result.ci),
+                                                        float(result.mean + result.ci)])
+        if result.p_value is not None:
+            entry["p_value"] = float(result.p_value)
+        out[name] = entry
+    return out
+
+
+def call_effect(system_scores: Sequence[float], baseline_scores: Sequence[float],
+                p_values: Sequence[float], alpha: float = 0.05) -> str:
+    """The verdict on one comparison from its seeds and its paired tests.
+
+    Args:
+      system_scores, baseline_scores: test BLEU of each seed of the two systems.
+      p_values: the paired bootstrap p-values of the seed pairs (system seed i against
+        baseline seed i).
+      alpha: significance level.
+
+    Returns:
+      ``"better"`` / ``"worse"``: every seed pair is significant at ``alpha`` with the same
+      sign as the difference of the seed means, and there are at least two seeds on each
+      side; otherwise ``"no effect established"``.
+
+    >>> call_effect([40.1, 40.3], [39.5, 39.6], [0.01, 0.02])
+    'better'
+    >>> call_effect([40.1, 39.4], [39.5, 39.6], [0.01, 0.3])
+    'no effect established'
+    """
+    if min(len(system_scores), len(baseline_scores)) < 2 or not p_values:
+        return "no effect established"
+    diff = (sum(system_scores) / len(system_scores)) - (
+        sum(baseline_scores) / len(baseline_scores))
+    pairs = list(zip(system_scores, baseline_scores))
+    same_sign = all((s - b) * diff > 0 for s, b in pairs)
+    if diff and same_sign and all(p < alpha for p in p_values):
+        return "better" if diff > 0 else "worse"
+    return "no effect established"

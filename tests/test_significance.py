@@ -1,0 +1,57 @@
+"""Seed statistics and the paired bootstrap test (deep_nmt_tf.decoding.significance)."""
+
+import math
+
+import pytest
+
+from deep_nmt_tf.decoding.significance import (call_effect, paired_bootstrap, seed_statistics)
+
+REFS = [f"ein mann fährt fahrrad nummer {i} auf der strasse ." for i in range(60)]
+
+
+def test_seed_statistics_mean_std_and_t_interval():
+    s = seed_statistics([39.6, 39.2, 39.4])
+    assert s["n"] == 3 and s["mean"] == pytest.approx(39.4)
+    assert s["std"] == pytest.approx(0.2)
+    half = 4.303 * 0.2 / math.sqrt(3)   # t(0.975, df=2)
+    assert s["ci95"] == pytest.approx([39.4 - half, 39.4 + half])
+    one = seed_statistics([40.09])
+    assert one == {"n": 1, "mean": 40.09, "std": 0.0, "ci95": None}
+    with pytest.raises(ValueError):
+        seed_statistics([])
+
+
+def test_paired_bootstrap_separates_a_better_system_from_a_copy():
+    # The baseline drops the last word of two sentences in three; a system that is the
+    # references is better; one that fixes a single sentence of the baseline is not
+    # significantly different.
+    base = [r if i % 3 == 0 else r.rsplit(" ", 2)[0] + " ." for i, r in enumerate(REFS)]
+    near = base[:1] + [REFS[1]] + base[2:]
+    out = paired_bootstrap(REFS, base, {"perfect": REFS, "near": near}, n_samples=200)
+    assert out["perfect"]["bleu"] == pytest.approx(100.0)
+    assert out["perfect"]["delta"] > 0 and out["perfect"]["p_value"] < 0.05
+    assert 0 < out["near"]["delta"] < 1 and out["near"]["p_value"] > 0.05
+    lo, hi = out["perfect"]["ci95"]
+    assert lo <= out["perfect"]["mean"] <= hi
+    assert "p_value" not in out["baseline"] and out["baseline"]["delta"] == 0.0
+
+
+def test_paired_bootstrap_lowercase_and_length_checks():
+    upper = [r.upper() for r in REFS]
+    assert paired_bootstrap(REFS, upper, {}, lowercase=True)["baseline"]["bleu"] == \
+        pytest.approx(100.0)
+    assert paired_bootstrap(REFS, upper, {}, lowercase=False)["baseline"]["bleu"] < 10
+    with pytest.raises(ValueError, match="2 translations for 60"):
+        paired_bootstrap(REFS, REFS, {"short": REFS[:2]})
+    with pytest.raises(ValueError, match="rename"):
+        paired_bootstrap(REFS, REFS, {"baseline": REFS})
+
+
+def test_call_effect_needs_seeds_and_tests_to_agree():
+    assert call_effect([40.1, 40.3, 40.2], [39.5, 39.6, 39.4], [0.01, 0.02, 0.001]) == "better"
+    assert call_effect([38.1, 38.3], [39.5, 39.6], [0.01, 0.02]) == "worse"
+    # one seed: nothing is established, however small the p-value
+    assert call_effect([41.0], [39.0], [0.001]) == "no effect established"
+    # a seed pair in the other direction, or one test not significant
+    assert call_effect([40.1, 39.0], [39.5, 39.6], [0.01, 0.01]) == "no effect established"
+    assert call_effect([40.1, 40.3], [39.5, 39.6], [0.01, 0.2]) == "no effect established"
