@@ -15,7 +15,10 @@ TensorFlow; running the command again resumes from the newest.  The config keys 
 loop's; the ones fit cannot honour (adaptive clipping, the grad-norm ratio, warm start,
 freezing) are refused naming the key (``deep_nmt_tf.fit.compiling``).
 
-Exit status: 0 on success, 2 for an invalid config or data.
+Another process writing ``--model_dir`` (a training of either route, a preprocessing) is
+refused, naming it (:mod:`deep_nmt_tf.run_lock`).
+
+Exit status: 0 on success, 2 for an invalid config or data, or a run directory in use.
 """
 
 from __future__ import annotations
@@ -50,6 +53,19 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir=DIR is required")
+    from deep_nmt_tf import run_lock
+
+    try:  # One writer per run directory.
+        lock = run_lock.acquire(FLAGS.model_dir, "deep-nmt-fit")
+    except run_lock.RunLockError as e:
+        _fail(str(e))
+    with lock:
+        _fit()
+
+
+def _fit() -> None:
+    """Preprocesses (with ``--config``) and trains ``--model_dir`` (whose lock the caller
+    holds)."""
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
     from deep_nmt_tf.data.text_io import DataError
 

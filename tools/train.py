@@ -87,8 +87,21 @@ def main(argv: Sequence[str]) -> None:
         RunDir(FLAGS.model_dir).check_config(config)
     except (ConfigError, RunDirError) as e:
         _fail(str(e))
+    from deep_nmt_tf import run_lock
 
+    try:  # One writer per run directory (on the chief under multi-worker).
+        lock = run_lock.acquire(FLAGS.model_dir, "deep-nmt-train",
+                                multi_worker=FLAGS.strategy == "multi_worker")
+    except run_lock.RunLockError as e:
+        _fail(str(e))
+    with lock:
+        _train(config)
+
+
+def _train(config) -> None:
+    """Trains ``config`` in ``--model_dir`` (whose lock the caller holds)."""
     from deep_nmt_tf.checkpointing import CheckpointError
+    from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.training import (Trainer, TrainingDiverged, TrainingInterrupted,
                                       WorkerLost, make_strategy)
