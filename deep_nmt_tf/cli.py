@@ -48,9 +48,10 @@ from absl import logging as absl_logging
 from deep_nmt_tf import eviction, hardware
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
-           "JIT_COMPILE_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
-           "xla_cache_dir", "prune_compilation_cache", "search_cache_dir",
-           "parse_flags_with_compilation_cache", "resume_command", "exit_interrupted"]
+           "JIT_COMPILE_FLAG", "MEMORY_CHECK_FLAG", "COMPILATION_CACHE_FLAG",
+           "enable_compilation_cache", "xla_cache_dir", "prune_compilation_cache",
+           "search_cache_dir", "parse_flags_with_compilation_cache", "resume_command",
+           "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -72,6 +73,12 @@ JIT_COMPILE_FLAG: FlagDefinition = (
     flags.DEFINE_bool, "jit_compile", None,
     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
     "without GPU or TPU, where the plain graph decodes faster).")
+
+#: ``--memory_check`` of the training tools (train, fit): :mod:`deep_nmt_tf.sizing`.
+MEMORY_CHECK_FLAG: FlagDefinition = (
+    flags.DEFINE_bool, "memory_check", True,
+    "Before building the model, estimate its parameters and training memory from the config "
+    "and refuse one that cannot fit in the memory available (--nomemory_check: train anyway).")
 
 #: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
 DEFAULT_COMPILATION_CACHE = os.path.join(

@@ -177,6 +177,9 @@ class RunLock:
                 break
             holder, age = self._holder()
             reason = self._stale(holder, age)
+            if reason is None and holder is None:  # Being written by another process.
+                time.sleep(0.2)
+                continue
             if reason is None:
                 raise RunLockError(
                     f"{self.directory} is in use by another writer: {_describe(holder, age)} "
@@ -185,8 +188,9 @@ class RunLock:
                     f"{self.stale_after:.0f} s without a heartbeat)")
             self._take_over(holder, age, reason)
         else:
-            raise RunLockError(f"{self.directory}: could not take the lock {self.path} (other "
-                               "processes keep replacing it)")
+            raise RunLockError(f"{self.directory}: could not take the lock {self.path} (it "
+                               "cannot be read, or other processes keep replacing it); remove "
+                               "it if no other process uses the directory")
         with _HELD_GUARD:
             _HELD[self.path] = [self, 1]
         if self.heartbeat > 0:
@@ -245,7 +249,7 @@ class RunLock:
             return "it was released"
         if holder is None:
             return (f"the lock file cannot be read and is {age:.0f} s old"
-                    if age > 10.0 else None)
+                    if age > 5.0 else None)
         here = _machine()
         same_host = holder.get("host") == here["host"]
         if same_host and holder.get("boot_id") and here["boot_id"] and (
