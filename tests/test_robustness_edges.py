@@ -525,7 +525,7 @@ def _xla(key, mode, directory):
     env.pop("TF_XLA_FLAGS", None)
     proc = subprocess.run([sys.executable, "-c", _XLA_PROGRAM, key, mode, directory],
                           capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0 and "result 64.0" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "result 512.0" in proc.stdout, proc.stderr[-3000:]
     return proc.stderr
 
 
