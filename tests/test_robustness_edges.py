@@ -207,11 +207,13 @@ def _writers(run, tmp_path):
             (preprocess_tool, [f"--config={config}", f"--model_dir={run}"])]
 
 
-def test_a_second_writer_is_refused_naming_the_holder(real_run, tmp_path, processes, capfd):
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path, processes, capfd):
     """deep-nmt-train (a second terminal, a re-submitted job), deep-nmt-fit, deep-nmt-preprocess
     and deep-nmt-experiment on a run directory another training holds: refused, exit 2, the
-    holder named, nothing written."""
-    run = _copy(real_run, tmp_path)
+    holder named, nothing written (the refusal comes before any work)."""
+    run = str(tmp_path / "run")
+    _write(os.path.join(run, "checkpoint"), 'model_checkpoint_path: "ckpt-4"\n')
+    _write(os.path.join(run, "ckpt-4.index"), "the holder's checkpoint\n")
     pid = _hold(processes, run)
     before = _digest(run)
     for tool, args in _writers(run, tmp_path):
@@ -238,6 +240,7 @@ def test_a_second_writer_is_refused_naming_the_holder(real_run, tmp_path, proces
     assert os.listdir(held) == [run_lock.LOCK_NAME]  # The run's stages never started.
 
 
+@pytest.mark.slow
 def test_read_only_tools_work_beside_a_training(real_run, tmp_path, processes, capfd):
     """translate, export and averaging into another directory never take the lock."""
     run = _copy(real_run, tmp_path)
@@ -253,6 +256,7 @@ def test_read_only_tools_work_beside_a_training(real_run, tmp_path, processes, c
     assert open(os.path.join(run, run_lock.LOCK_NAME)).read() == lock
 
 
+@pytest.mark.slow
 def test_a_dead_trainings_lock_is_taken_over_and_training_resumes(real_run, tmp_path, caplog):
     """A training killed with SIGKILL leaves its lock: the next one takes it over with a
     WARNING and resumes from the newest checkpoint (step 4), then releases it."""
@@ -484,6 +488,7 @@ def test_xla_cache_lives_in_a_directory_per_cpu_and_prunes_all_of_them(tmp_path,
     assert os.listdir(str(tmp_path)) != [] and not os.listdir(keyed)
 
 
+@pytest.mark.slow
 def test_a_search_cache_entry_of_another_cpu_is_not_loaded(tmp_path_factory, tmp_path,
                                                           monkeypatch):
     from deep_nmt_tf import hardware
