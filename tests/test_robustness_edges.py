@@ -29,6 +29,7 @@ from deep_nmt_tf.run_dir import RunDir
 from test_robustness import RUN, _digest, _messages, _tool, _write
 
 from deep_nmt_tf.tools import average_checkpoints as average_tool  # noqa: E402
+from deep_nmt_tf.tools import evaluate as evaluate_tool  # noqa: E402
 from deep_nmt_tf.tools import export as export_tool  # noqa: E402
 from deep_nmt_tf.tools import fit as fit_tool  # noqa: E402
 from deep_nmt_tf.tools import preprocess as preprocess_tool  # noqa: E402
@@ -242,7 +243,8 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path, processes, capfd
 
 @pytest.mark.slow
 def test_read_only_tools_work_beside_a_training(real_run, tmp_path, processes, capfd):
-    """translate, export and averaging into another directory never take the lock."""
+    """translate, evaluate, export and averaging into another directory never take the
+    lock."""
     run = _copy(real_run, tmp_path)
     _hold(processes, run)
     lock = open(os.path.join(run, run_lock.LOCK_NAME)).read()
@@ -250,6 +252,8 @@ def test_read_only_tools_work_beside_a_training(real_run, tmp_path, processes, c
     assert _tool(translate_tool, f"--model_dir={run}", f"--input={text}",
                  f"--output={tmp_path / 'out.txt'}", "--nojit_compile", "--noprogress") == ""
     assert open(tmp_path / "out.txt").read().strip()
+    assert _tool(evaluate_tool, f"--model_dir={run}", f"--output={tmp_path / 'test.hyp'}",
+                 "--beam_size=1", "--nojit_compile") == ""
     assert _tool(export_tool, f"--model_dir={run}", f"--export_dir={tmp_path / 'export'}",
                  "--nojit_compile") == ""
     assert _tool(average_tool, f"--model_dir={run}", f"--output={tmp_path / 'avg'}") == ""
