@@ -33,8 +33,12 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.14",
     # tools/ (the absl binaries) installs as deep_nmt_tf.tools, so console scripts work from a
-    # wheel without a generic top-level "tools" package in site-packages.
-    packages=find_packages(include=["deep_nmt_tf", "deep_nmt_tf.*"]) + ["deep_nmt_tf.tools"],
+    # wheel without a generic top-level "tools" package in site-packages.  The checkout's
+    # deep_nmt_tf/tools/__init__.py (which points a source tree's deep_nmt_tf.tools at tools/,
+    # for `python -m deep_nmt_tf.tools.<name>` from the repository root) is not installed:
+    # package_dir takes the package from tools/.
+    packages=sorted(set(find_packages(include=["deep_nmt_tf", "deep_nmt_tf.*"]))
+                    | {"deep_nmt_tf.tools"}),
     package_dir={"deep_nmt_tf.tools": "tools"},
     package_data={"": ["*.yaml"]},
     install_requires=[

@@ -45,12 +45,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from absl import app, flags
 from absl import logging as absl_logging
 
-from deep_nmt_tf import eviction
+from deep_nmt_tf import eviction, hardware
 
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
-           "JIT_COMPILE_FLAG", "COMPILATION_CACHE_FLAG", "enable_compilation_cache",
-           "prune_compilation_cache", "search_cache_dir", "parse_flags_with_compilation_cache",
-           "resume_command", "exit_interrupted"]
+           "JIT_COMPILE_FLAG", "MEMORY_CHECK_FLAG", "COMPILATION_CACHE_FLAG",
+           "enable_compilation_cache", "xla_cache_dir", "prune_compilation_cache",
+           "search_cache_dir", "parse_flags_with_compilation_cache", "resume_command",
+           "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -73,6 +74,12 @@ JIT_COMPILE_FLAG: FlagDefinition = (
     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
     "without GPU or TPU, where the plain graph decodes faster).")
 
+#: ``--memory_check`` of the training tools (train, fit): :mod:`deep_nmt_tf.sizing`.
+MEMORY_CHECK_FLAG: FlagDefinition = (
+    flags.DEFINE_bool, "memory_check", True,
+    "Before building the model, estimate its parameters and training memory from the config "
+    "and refuse one that cannot fit in the memory available (--nomemory_check: train anyway).")
+
 #: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
 DEFAULT_COMPILATION_CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
@@ -81,26 +88,38 @@ DEFAULT_COMPILATION_CACHE = os.path.join(
 #: ``--compilation_cache`` of the tools that compile searches (translate, evaluate).
 COMPILATION_CACHE_FLAG: FlagDefinition = (
     flags.DEFINE_string, "compilation_cache", DEFAULT_COMPILATION_CACHE,
-    "Directory of XLA's persistent compilation cache and of traced searches (searches/): a "
-    "search traced and compiled once for a model and an input shape is read back by later "
-    "runs instead of being traced and compiled again ('' = off).")
+    "Directory of XLA's persistent compilation cache (cpu-<key>/, one per CPU feature set) and "
+    "of traced searches (searches/): a search traced and compiled once for a model and an "
+    "input shape is read back by later runs on the same kind of CPU instead of being traced "
+    "and compiled again ('' = off).")
+
+
+def xla_cache_dir(directory: str) -> str:
+    """Where XLA's entries for this machine's CPU live: ``DIRECTORY/cpu-<key>``
+    (:func:`deep_nmt_tf.hardware.cpu_feature_key`)."""
+    return os.path.join(directory, f"cpu-{hardware.cpu_feature_key()}")
 
 
 def enable_compilation_cache(directory: str) -> bool:
-    """Turns on TensorFlow's persistent XLA compilation cache in ``directory``.
+    """Turns on TensorFlow's persistent XLA compilation cache in ``directory``, in the
+    sub-directory of this machine's CPU (:func:`xla_cache_dir`).
 
     Call it before TensorFlow is imported (it needs no TensorFlow import): set later, inside an
     absl ``app.run`` main, the variable was found to be ignored (BENCHMARKS.md); the tools do it
-    in :func:`parse_flags_with_compilation_cache`.  Entries are keyed by the compiled graph and the
-    device, so a changed model or TensorFlow version simply misses.  Returns False (and changes
-    nothing) when ``directory`` is empty or ``TF_XLA_FLAGS`` already names a cache.
+    in :func:`parse_flags_with_compilation_cache`.  TensorFlow keys entries by the compiled graph
+    and the device type but not by the CPU's instruction set, and a directory moves between
+    machines (in a run directory, a shared home): so XLA reads only the entries compiled for
+    this CPU's feature set, never another CPU's (which it would load with "Machine type used for
+    XLA:CPU compilation doesn't match").  Returns False (and changes nothing) when ``directory``
+    is empty or ``TF_XLA_FLAGS`` already names a cache.
     """
     current = os.environ.get("TF_XLA_FLAGS", "")
     if not directory or "tf_xla_persistent_cache_directory" in current:
         return False
-    os.makedirs(directory, exist_ok=True)
+    keyed = xla_cache_dir(directory)
+    os.makedirs(keyed, exist_ok=True)
     prune_compilation_cache(directory)
-    os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={directory}"
+    os.environ["TF_XLA_FLAGS"] = f"{current} --tf_xla_persistent_cache_directory={keyed}"
     return True
 
 
@@ -109,20 +128,20 @@ COMPILATION_CACHE_MAX_BYTES = 512 * 2**20
 
 
 def prune_compilation_cache(directory: str, max_bytes: int = COMPILATION_CACHE_MAX_BYTES) -> int:
-    """Removes the oldest XLA entries of ``directory`` (TensorFlow's ``xla_compile_cache__*``
-    files, by modification time) until the rest fit in ``max_bytes``; TensorFlow never evicts
-    them itself.  A removed entry is simply compiled again when next needed.  Returns how many
-    were removed."""
-    try:
-        names = [n for n in os.listdir(directory) if n.startswith("xla_compile_cache__")]
-    except OSError:
-        return 0
+    """Removes the oldest XLA entries under ``directory`` (TensorFlow's ``xla_compile_cache__*``
+    files, by modification time, in every CPU's sub-directory and at the top, where entries of
+    an unknown CPU were written before the sub-directories) until the rest fit in ``max_bytes``;
+    TensorFlow never evicts them itself.  A removed entry is simply compiled again when next
+    needed.  Returns how many were removed."""
     entries = []
-    for name in names:
-        path = os.path.join(directory, name)
-        stat = eviction.stat_or_none(path)
-        if stat is not None:
-            entries.append((name, stat.st_mtime, stat.st_size, (path,)))
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if not name.startswith("xla_compile_cache__"):
+                continue
+            path = os.path.join(root, name)
+            stat = eviction.stat_or_none(path)
+            if stat is not None:
+                entries.append((path, stat.st_mtime, stat.st_size, (path,)))
     return len(eviction.remove_oldest(entries, budget=max_bytes))
 
 

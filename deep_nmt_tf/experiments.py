@@ -27,7 +27,9 @@ translations and the scores are recorded in the run's ``experiment.json``.  A ru
 is only resumed for the run it was made for: one trained with another seed, or with another
 recipe (a training or data key that changes what is computed; not the train length, logging,
 checkpointing, evaluation, compilation or data paths), is refused with the differing keys, and
-``--override=training.seed=N`` is refused for ``--seeds`` (which names the runs).
+``--override=training.seed=N`` is refused for ``--seeds`` (which names the runs).  Each run
+directory is locked while its run works (:mod:`deep_nmt_tf.run_lock`): a second suite, or a
+``deep-nmt-train``, on the same run is refused naming the process that has it.
 
 ``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
@@ -56,6 +58,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
+from deep_nmt_tf import run_lock
 from deep_nmt_tf.config import ConfigError, field, load_config
 from deep_nmt_tf.config.loading import load_section
 from deep_nmt_tf.hardware import describe_machine, record_hardware
@@ -552,9 +555,10 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
     if os.path.exists(results_path):
         with open(results_path, encoding="utf-8") as f:
             results = json.load(f)
-    for run in runs:
-        results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
-                                    max_steps, overrides, log, max_train_minutes)
+    for run in runs:  # Each run directory has one writer (deep_nmt_tf.run_lock).
+        with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
+            results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
+                                        max_steps, overrides, log, max_train_minutes)
         _write_results(results, results_path, list(tests), output_dir)
     first_test = next(iter(tests.values()), dev)
     _figures(suite, runs, output_dir, first_test, log)

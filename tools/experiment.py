@@ -23,7 +23,8 @@ budget, or without one, the run trains on from there.
 Exit status: 0 on success; 1 when a run's training stopped on an error it names (non-finite
 updates, a lost worker) and for a flag error that absl reports with its usage message (an
 unknown or missing flag); 2 for a bad suite file, config, data, ``--seeds``, ``--max_steps``,
-``--max_train_minutes`` or ``--extra_test`` (named, no traceback); 128 + the signal's number
+``--max_train_minutes`` or ``--extra_test``, or a run directory that another process is writing
+(named, no traceback); 128 + the signal's number
 (143 for SIGTERM, 130 for Ctrl-C) after an interruption: during training a checkpoint is
 saved, between stages (averaging, decoding) the interrupted stage reruns as a whole.
 """
@@ -92,6 +93,7 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
+    from deep_nmt_tf.run_lock import RunLockError
     from deep_nmt_tf.training import TrainingDiverged, TrainingInterrupted, WorkerLost
 
     try:
@@ -100,7 +102,7 @@ def main(argv: Sequence[str]) -> None:
                             seeds=seeds, max_steps=FLAGS.max_steps, extra_tests=extra,
                             overrides=FLAGS.override,
                             max_train_minutes=FLAGS.max_train_minutes)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, DataError, FileNotFoundError, ValueError, RunLockError) as e:
         _fail(str(e))
     except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved
         cli.exit_interrupted("experiment", e)

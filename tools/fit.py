@@ -15,7 +15,13 @@ TensorFlow; running the command again resumes from the newest.  The config keys 
 loop's; the ones fit cannot honour (adaptive clipping, the grad-norm ratio, warm start,
 freezing) are refused naming the key (``deep_nmt_tf.fit.compiling``).
 
-Exit status: 0 on success, 2 for an invalid config or data.
+The model's parameters and training memory are estimated before it is built and a config that
+cannot fit in the memory available is refused (:mod:`deep_nmt_tf.sizing`; ``--nomemory_check``
+skips it).  Another process writing ``--model_dir`` (a training of either route, a preprocessing) is
+refused, naming it (:mod:`deep_nmt_tf.run_lock`).
+
+Exit status: 0 on success, 2 for an invalid config or data, a config too large for the memory,
+or a run directory in use.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ define_flags([
      "YAML config file: preprocess the run directory first (needs TensorFlow)."),
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. training.train_steps=100 (repeatable)."),
+    cli.MEMORY_CHECK_FLAG,
 ])
 
 
@@ -50,22 +57,44 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir=DIR is required")
+    from deep_nmt_tf import run_lock
+
+    try:  # One writer per run directory.
+        lock = run_lock.acquire(FLAGS.model_dir, "deep-nmt-fit")
+    except run_lock.RunLockError as e:
+        _fail(str(e))
+    with lock:
+        _fit()
+
+
+def _fit() -> None:
+    """Preprocesses (with ``--config``) and trains ``--model_dir`` (whose lock the caller
+    holds)."""
+    from deep_nmt_tf import sizing
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
     from deep_nmt_tf.data.text_io import DataError
 
     try:
+        config = None
         if FLAGS.config:
-            from deep_nmt_tf.data.preprocess import preprocess_run
             from deep_nmt_tf.fit.compiling import check_fit_config
 
             config = load_config(FLAGS.config, FLAGS.override)
             require_training_data(config)
             check_fit_config(config)
+        if FLAGS.memory_check:  # Before any work: a config that cannot fit is refused.
+            from deep_nmt_tf.run_dir import RunDir
+
+            sized = config or RunDir(FLAGS.model_dir).load_config(FLAGS.override)
+            sizing.check_fits(sizing.estimate(sized, FLAGS.model_dir))
+        if config is not None:
+            from deep_nmt_tf.data.preprocess import preprocess_run
+
             preprocess_run(config, FLAGS.model_dir)
         from deep_nmt_tf.fit.run import train
 
         results = train(FLAGS.model_dir, FLAGS.override)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, sizing.SizeError) as e:
         _fail(str(e))
     if results:
         print("Done: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))

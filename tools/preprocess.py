@@ -12,8 +12,11 @@ on any Keras backend without TensorFlow (copy the run directory to the training 
 Running it again on an existing run directory rewrites the token files (a changed model config
 or vocabulary is refused, as by ``deep-nmt-train``).
 
+A run directory that another process is writing (a training) is refused, naming it
+(:mod:`deep_nmt_tf.run_lock`).
+
 Exit status: 0 on success, 2 for an invalid config or data (the message names the file, line
-and key).
+and key), or a run directory in use.
 """
 
 from __future__ import annotations
@@ -63,11 +66,13 @@ def main(argv: Sequence[str]) -> None:
     except ConfigError as e:
         _fail(str(e))
 
+    from deep_nmt_tf import run_lock
     from deep_nmt_tf.data.preprocess import preprocess_run
 
-    try:
-        _, written = preprocess_run(config, FLAGS.model_dir, FLAGS.splits)
-    except (ConfigError, DataError) as e:
+    try:  # One writer per run directory: not while a training uses it.
+        with run_lock.hold(FLAGS.model_dir, "deep-nmt-preprocess"):
+            _, written = preprocess_run(config, FLAGS.model_dir, FLAGS.splits)
+    except (ConfigError, DataError, run_lock.RunLockError) as e:
         _fail(str(e))
     for split, path in written.items():
         print(f"{split}\t{path}")

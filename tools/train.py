@@ -19,11 +19,19 @@ Strategies: ``default`` (one device), ``mirrored`` (all local GPUs), ``multi_wor
 (``TF_CONFIG``; ``--worker_timeout``: seconds after which a silent worker counts as lost),
 ``tpu`` (``--tpu=NAME``).
 
-Exit status: 0 on success; 1 when training stopped on an error it names (non-finite updates,
-a lost worker) and for a flag error that absl reports with its usage message (an unknown or
-missing flag); 2 for an invalid config, ``--strategy``, data or run directory (the message
-names the file, line and key; no traceback); 128 + the signal's number (143 for SIGTERM, 130 for
-Ctrl-C) after an interruption that saved a checkpoint.
+Before anything is built, the parameters and the training memory are estimated from the config
+(:mod:`deep_nmt_tf.sizing`) and a config that cannot fit in the memory available is refused,
+naming both (``--nomemory_check`` skips it); ``--check`` prints the estimate and the config's
+verdict and exits.  One training writes a run directory at a time: another process holding it
+(:mod:`deep_nmt_tf.run_lock`) is named and refused; a lock left by a process that died is taken
+over with a WARNING.
+
+Exit status: 0 on success (``--check``: the config is valid and fits); 1 when training stopped
+on an error it names (non-finite updates, a lost worker) and for a flag error that absl reports
+with its usage message (an unknown or missing flag); 2 for an invalid config, ``--strategy``,
+data or run directory (the message names the file, line and key; no traceback), a config too
+large for the memory, or a run directory in use; 128 + the signal's number (143 for SIGTERM,
+130 for Ctrl-C) after an interruption that saved a checkpoint.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ define_flags([
     (flags.DEFINE_bool, "start_over", False,
      "Train from step 0 although --model_dir has checkpoint files, none of which can be read "
      "(they are kept, renamed *.unreadable). Refused when a checkpoint can be read."),
+    (flags.DEFINE_bool, "check", False,
+     "Check the config (and against --model_dir), print the estimated parameters and training "
+     "memory and whether they fit in the memory available, and exit (0: fits, 2: refused)."),
+    cli.MEMORY_CHECK_FLAG,
 ])
 
 
@@ -87,8 +99,51 @@ def main(argv: Sequence[str]) -> None:
         RunDir(FLAGS.model_dir).check_config(config)
     except (ConfigError, RunDirError) as e:
         _fail(str(e))
+    _check_size(config)
+    from deep_nmt_tf import run_lock
 
+    try:  # One writer per run directory (on the chief under multi-worker).
+        lock = run_lock.acquire(FLAGS.model_dir, "deep-nmt-train",
+                                multi_worker=FLAGS.strategy == "multi_worker")
+    except run_lock.RunLockError as e:
+        _fail(str(e))
+    with lock:
+        _train(config)
+
+
+def _check_size(config) -> None:
+    """The estimate of ``deep_nmt_tf.sizing``: printed and the tool ends with ``--check``;
+    a config that cannot fit is refused (unless ``--nomemory_check``)."""
+    import os
+
+    from deep_nmt_tf import sizing
+
+    workers = (sizing.workers_of_tf_config(os.environ.get("TF_CONFIG"))
+               if FLAGS.strategy == "multi_worker" else 1)
+    result = sizing.estimate(config, FLAGS.model_dir, workers=workers)
+    available, where = sizing.available_memory()
+    if FLAGS.check:
+        saved = os.path.exists(os.path.join(FLAGS.model_dir, "config.yaml"))
+        print(f"config: {FLAGS.config}: valid" + (f"; matches {FLAGS.model_dir}" if saved else
+                                                  f"; {FLAGS.model_dir} is a new run"))
+        print(result.report())
+        print("available memory: " + (f"{available / 2**30:.1f} GiB ({where})"
+                                      if available is not None else where))
+    if FLAGS.check or FLAGS.memory_check:
+        try:
+            sizing.check_fits(result, available, where)
+        except sizing.SizeError as e:
+            _fail(str(e))
+    if FLAGS.check:
+        print("verdict: fits" if result.parameters is not None and available is not None
+              else "verdict: not refused (not estimated)")
+        sys.exit(0)
+
+
+def _train(config) -> None:
+    """Trains ``config`` in ``--model_dir`` (whose lock the caller holds)."""
     from deep_nmt_tf.checkpointing import CheckpointError
+    from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.training import (Trainer, TrainingDiverged, TrainingInterrupted,
                                       WorkerLost, make_strategy)

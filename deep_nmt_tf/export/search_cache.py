@@ -12,7 +12,10 @@ variables read straight from the checkpoint: no Keras model, no trace.  XLA's pe
 
 An entry is keyed by everything that shapes the traced graph (:func:`search_key`): the model
 config, the baked-in decoding parameters, precision, XLA, the input shape, the TensorFlow and
-Keras versions and a digest of this package's layer, model and search code.  The weights are
+Keras versions, a digest of this package's layer, model and search code, and the CPU's feature
+set (:func:`deep_nmt_tf.hardware.cpu_feature_key`: an entry written on another kind of CPU, in
+a cache directory that moved with a run or a home directory, is never loaded; the graph itself
+is portable, but what TensorFlow and XLA build from it for this CPU is not).  The weights are
 not in the key (they are inputs), so a new checkpoint of the same model reuses its entries.
 Anything unexpected (a damaged or foreign file, a checkpoint whose variables do not match,
 TensorFlow refusing the definitions) makes :meth:`SearchCache.load` return ``None`` with a
@@ -33,7 +36,7 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf import compat, eviction
+from deep_nmt_tf import compat, eviction, hardware
 from deep_nmt_tf.checkpointing import model_variable_key
 
 __all__ = ["SearchCache", "CachedSearch", "search_key"]
@@ -74,6 +77,8 @@ def search_key(model_config, decoding, precision: str, jit_compile: bool, min_le
       jit_compile: whether the search is compiled with XLA.
       min_length: the search's minimum output length.
       shape: the source ids' shape ``(batch, width)``.
+
+    The CPU's feature set (:func:`deep_nmt_tf.hardware.cpu_feature_key`) is part of the key.
     """
     import keras
 
@@ -84,7 +89,7 @@ def search_key(model_config, decoding, precision: str, jit_compile: bool, min_le
         "code": _code_digest(), "model": config_to_dict(model_config),
         "decoding": dataclasses.asdict(decoding), "precision": precision,
         "jit_compile": bool(jit_compile), "min_length": int(min_length),
-        "shape": [int(s) for s in shape],
+        "shape": [int(s) for s in shape], "cpu": hardware.cpu_feature_key(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 

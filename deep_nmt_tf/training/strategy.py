@@ -18,6 +18,8 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from deep_nmt_tf.run_lock import chief_task
+
 __all__ = ["STRATEGIES", "make_strategy", "is_chief", "distributed_iterator"]
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
@@ -69,17 +71,16 @@ def make_strategy(name: str = "default", tpu: Optional[str] = None,
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """Whether this worker writes checkpoints, summaries and the config (single worker: True)."""
+    """Whether this worker writes checkpoints, summaries and the config (single worker: True;
+    the rule is :func:`deep_nmt_tf.run_lock.chief_task`, which the run directory's lock uses
+    before TensorFlow starts)."""
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
     task_type, task_id = resolver.task_type, resolver.task_id
     if task_type is None:
         return True
-    if task_type == "chief":
-        return True
-    cluster = resolver.cluster_spec().as_dict()
-    return task_type == "worker" and task_id == 0 and "chief" not in cluster
+    return chief_task(task_type, task_id, list(resolver.cluster_spec().as_dict()))
 
 
 def distributed_iterator(strategy: tf.distribute.Strategy,
