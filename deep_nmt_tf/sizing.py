@@ -105,6 +105,8 @@ def _transformer(options, d: int, decoder: bool, memory_dim: int, vocab: int) ->
         per_layer += _shortcut(lexical.variant, d, d)
     if on_cross:
         per_layer += _shortcut(lexical.variant, d, memory_dim)
+    if options.residual_scaling.method == "admin":  # A learnable omega [d] per residual.
+        per_layer += (3 if decoder else 2) * d
     total = n * per_layer + (_layer_norm(d) if options.norm == "pre" else 0)
     dlcl = options.dlcl
     if dlcl.enabled:

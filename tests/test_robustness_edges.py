@@ -301,6 +301,12 @@ PARAMETER_CASES = [
                                                                 "source": "non_lexical"})},
       "decoder": {"transformer": dict(STACK, lexical_shortcuts={
           "enabled": True, "variant": "feature_fusion", "placement": "both"})}}),
+    ("Admin (a learnable omega per residual) in both stacks",
+     {"encoder": {"transformer": dict(STACK, residual_scaling={"method": "admin"})},
+      "decoder": {"transformer": dict(STACK, residual_scaling={"method": "admin"})}}),
+    ("DeepNorm in both stacks (constants, no weights)",
+     {"encoder": {"transformer": dict(STACK, residual_scaling={"method": "deepnorm"})},
+      "decoder": {"transformer": dict(STACK, residual_scaling={"method": "deepnorm"})}}),
     ("transparent attention, untied embeddings",
      {"tie_source_target_embeddings": False, "transparent_attention": {"enabled": True},
       "encoder": {"transformer": dict(STACK, num_layers=3)},
