@@ -279,3 +279,83 @@ def test_refusals_name_the_feature(feature):
 def test_plain_transformers_are_convertible():
     for case in CASES.values():
         assert unsupported_features(_model(_config(**case))) == []
+
+
+# -- run directories, the tool and the text translator -----------------------------------------
+
+
+def _unsupported_run_dir(tmp_path):
+    """A run directory (config and vocabulary, no checkpoint) of a DLCL model."""
+    from deep_nmt_tf.run_dir import RunDir
+
+    stack = {"num_layers": 2, "num_heads": 2, "ffn_dim": 32}
+    config = config_from_dict({"model": {
+        "vocab_size": V, "d_model": 16,
+        "encoder": {"transformer": dict(stack, dlcl={"enabled": True})},
+        "decoder": {"transformer": stack}}, "data": {"corpus": "synthetic"}},
+        source="<dlcl run>")
+    run = RunDir(str(tmp_path / "run"))
+    run.write_config(config)
+    (tmp_path / "run" / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    return run.path
+
+
+@pytest.mark.slow
+def test_tool_refuses_an_unsupported_model(tmp_path):
+    from test_training_helpers import run_tool
+
+    run = _unsupported_run_dir(tmp_path)
+    proc = run_tool("export", f"--model_dir={run}", "--format=ctranslate2")
+    assert proc.returncode != 0
+    assert "model.encoder.transformer.dlcl" in proc.stderr, proc.stderr[-2000:]
+    assert "cannot convert this model to CTranslate2" in proc.stderr
+    assert not os.path.exists(os.path.join(run, "ctranslate2"))
+    proc = run_tool("export", f"--model_dir={run}", "--format=ctranslate2", "--version=2")
+    assert proc.returncode != 0 and "--version applies to the SavedModel" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The session's tiny trained model, converted by the tool."""
+    from test_decoding_helpers import trained_model_dir
+    from test_training_helpers import run_tool
+
+    model_dir = trained_model_dir(tmp_path_factory)
+    out = str(tmp_path_factory.mktemp("ct2") / "model")
+    proc = run_tool("export", f"--model_dir={model_dir}", "--format=ctranslate2",
+                    f"--export_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == out
+    return model_dir, out
+
+
+@needs_ctranslate2
+@pytest.mark.slow
+def test_text_translations_equal_ours(converted):
+    """Text in, text out: CTranslate2Translator's greedy translations of the test set are our
+    Translator's (the run's tokenizer, source truncation and length limits); a blank input
+    gives an empty translation without decoding (CTranslate2's rule; ours decodes ``</s>``)."""
+    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.export.ctranslate2_translator import CTranslate2Translator
+
+    model_dir, path = converted
+    ours = Translator.from_model_dir(model_dir)
+    with open(ours.config.data.test_source, encoding="utf-8") as f:
+        sentences = [line.rstrip("\n") for line in f] + [" ".join(["word"] * 60)]
+    ct2 = CTranslate2Translator(path, intra_threads=1)
+    with open(os.path.join(path, "deep_nmt.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["decoding"]["max_input_length"] == ours.config.decoding.max_input_length
+    assert meta["vocab"]["sha256"]
+    ours_out = ours.translate(sentences, beam_size=1)
+    assert sum(bool(h[0].text) for h in ours_out) >= 3  # Some translations are not empty.
+    ct2_out = ct2.translate_hypotheses(sentences, beam_size=1)
+    assert [h[0].text for h in ct2_out] == [h[0].text for h in ours_out]
+    assert [tuple(ct2._ids[t] for t in h[0].tokens) for h in ct2_out] == \
+        [h[0].ids for h in ours_out]
+    assert ct2.translate(sentences[:2], beam_size=1) == [h[0].text for h in ours_out[:2]]
+    assert ct2.translate(["", "  "], beam_size=1) == ["", ""]
+    with pytest.raises(ValueError, match="n_best"):
+        ct2.translate_tokens([["w1"]], beam_size=2, n_best=3)
+    with pytest.raises(FileNotFoundError, match="deep_nmt.json"):
+        CTranslate2Translator(model_dir)

@@ -24,10 +24,13 @@ Source preparation and length limits follow :class:`~deep_nmt_tf.export.Translat
 ``floor(max_length_a * n + max_length_b)`` tokens (``n`` the source tokens; CTranslate2 is
 called once per distinct limit), ``<pad>`` and ``<s>`` are never generated and ``</s>`` may be
 generated from the first step.  Greedy search (``beam_size=1``) then gives our greedy search's
-tokens.  Beam search is CTranslate2's own, which is not ours: its ``length_penalty`` divides a
-hypothesis' log-probability by ``length ** alpha`` (ours by GNMT's ``((5 + length) / 6) **
-alpha``) and finished hypotheses leave the beam, which then continues with the next-best live
-ones (ours keep their slot); see ``docs/SERVING.md``.
+tokens, with one exception: a blank text (no tokens) gets an empty translation without
+decoding (CTranslate2's rule), where ours decodes ``</s>`` alone.  Beam search is
+CTranslate2's own, which is not ours: its ``length_penalty`` divides a hypothesis'
+log-probability by ``length ** alpha`` (ours by GNMT's ``((5 + length) / 6) ** alpha``), its
+finished hypotheses leave the beam, which continues with the next-best live ones (ours keep
+their slot and can be pushed out), and it renormalises the softmax without ``<pad>``/``<s>``
+(ours does not); see ``docs/SERVING.md``.
 """
 
 from __future__ import annotations
