@@ -9,10 +9,12 @@ token strings, lets CTranslate2 search, and detokenises with the plain-Python
 :class:`~deep_nmt_tf.data.token_ids.Detokenizer` (``##`` pieces glued, punctuation
 re-attached).  By hand, the same is::
 
+    import ctranslate2, tensorflow as tf
     from deep_nmt_tf.data.vocab import Tokenizer, load_vocab
     from deep_nmt_tf.data.token_ids import Detokenizer
     vocab = load_vocab("ct2_model/vocab.txt")
-    ids = Tokenizer(vocab).tokenize(tf.constant(["Hello, world."])).to_list()
+    tokenizer = Tokenizer(vocab, lowercase=False)              # the run's data.lowercase
+    ids = tokenizer.tokenize(tf.constant(["Hello, world."])).to_list()
     tokens = [[vocab[i] for i in row] for row in ids]         # no </s>: the model adds it
     out = ctranslate2.Translator("ct2_model").translate_batch(
         tokens, beam_size=1, min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
