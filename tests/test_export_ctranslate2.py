@@ -5,7 +5,6 @@ The tests that run CTranslate2 are skipped where the optional ``ctranslate2`` pa
 installed; the refusals and the missing-package message are checked without it.
 """
 
-import importlib.util
 import json
 import os
 import sys
@@ -21,7 +20,12 @@ from deep_nmt_tf.export.ctranslate2 import (UnsupportedModelError, check_convert
                                             require_ctranslate2, unsupported_features)
 from deep_nmt_tf.models import build_model
 
-needs_ctranslate2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+try:
+    import ctranslate2  # noqa: F401
+    HAVE_CTRANSLATE2 = True
+except ImportError:
+    HAVE_CTRANSLATE2 = False
+needs_ctranslate2 = pytest.mark.skipif(not HAVE_CTRANSLATE2,
                                        reason="the optional ctranslate2 package is not installed")
 
 V = 60

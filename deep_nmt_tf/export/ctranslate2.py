@@ -423,11 +423,10 @@ def export_model_dir(model_dir: str, output_dir: Optional[str] = None,
 
     Raises:
       UnsupportedModelError: the model has a feature CTranslate2 cannot represent (checked
-        before the checkpoint is read).
+        before the checkpoint is read, and before the ctranslate2 package is needed).
       FileNotFoundError, FileExistsError, ConfigError, CheckpointError: as the SavedModel
         export.
     """
-    require_ctranslate2()
     from deep_nmt_tf.checkpointing import restore_model_weights
     from deep_nmt_tf.models import build_model
     from deep_nmt_tf.run_dir import RunDir
@@ -441,7 +440,8 @@ def export_model_dir(model_dir: str, output_dir: Optional[str] = None,
     if os.path.exists(output_dir) and not overwrite:
         raise FileExistsError(f"{output_dir} exists (pass --overwrite)")
     model = build_model(config)
-    check_convertible(model)
+    check_convertible(model)  # (before asking for the package: no install needed to learn it)
+    require_ctranslate2()
     if checkpoint is None:
         checkpoint = run_dir.latest_checkpoint()
         if checkpoint is None:
