@@ -60,8 +60,12 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
+            # tests/test_export_ctranslate2.py (skipped where it is missing).
+            "ctranslate2>=4.0,<5",
         ],
         "jax": ["jax>=0.4.30"],
+        # deep-nmt-export --format=ctranslate2 and deep_nmt_tf.export.ctranslate2_translator.
+        "ctranslate2": ["ctranslate2>=4.0,<5"],
     },
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
     classifiers=[

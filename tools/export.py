@@ -1,8 +1,15 @@
-r"""Exports a trained model as a SavedModel for TensorFlow Serving.
+r"""Exports a trained model as a SavedModel for TensorFlow Serving, or converts it to CTranslate2.
 
     deep-nmt-export --model_dir=runs/demo [--export_dir=export/demo] [--version=N] \
         [--checkpoint=runs/demo/ckpt-1500] [--override=decoding.beam_size=8] \
         [--nojit_compile] [--overwrite]
+    deep-nmt-export --model_dir=runs/demo --format=ctranslate2 [--export_dir=ct2/demo] \
+        [--checkpoint=...] [--overwrite]
+
+``--format=ctranslate2`` writes a CTranslate2 model directory (``--export_dir`` itself, default
+``MODEL_DIR/ctranslate2``; no versions) for a plain Transformer, and refuses the features
+CTranslate2 cannot represent, naming them; it needs ``pip install ctranslate2``
+(``deep_nmt_tf/export/ctranslate2.py``, ``docs/SERVING.md``).
 
 Writes ``EXPORT_DIR/<version>/`` (default ``EXPORT_DIR``: ``MODEL_DIR/exports``; default
 version: one more than the largest existing one, or 1) with the signatures ``serving_default``
@@ -36,6 +43,9 @@ define_flags([
     JIT_COMPILE_FLAG,
     PRECISION_FLAG,
     (flags.DEFINE_bool, "overwrite", False, "Replace an existing version directory."),
+    (flags.DEFINE_enum, "format", "saved_model", ["saved_model", "ctranslate2"],
+     "saved_model: a SavedModel for TF Serving; ctranslate2: a CTranslate2 model directory "
+     "(--export_dir, default MODEL_DIR/ctranslate2; needs pip install ctranslate2)."),
 ])
 
 
@@ -44,6 +54,9 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required")
+    if FLAGS.format == "ctranslate2":
+        print(_export_ctranslate2())
+        return
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.export.saved_model import export_model_dir
 
@@ -55,6 +68,23 @@ def main(argv: Sequence[str]) -> None:
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
         raise SystemExit(f"export: error: {e}") from None
     print(path)
+
+
+def _export_ctranslate2() -> str:
+    """``--format=ctranslate2``: the SavedModel-only flags are refused, not ignored."""
+    for name in ("version", "precision", "jit_compile"):
+        if FLAGS[name].present:
+            raise app.UsageError(
+                f"--{name} applies to the SavedModel; a CTranslate2 model has no versions and "
+                "is converted in float32 (choose int8/float16 when loading it: "
+                "ctranslate2.Translator(path, compute_type='int8'))")
+    from deep_nmt_tf.export.ctranslate2 import export_model_dir
+
+    try:
+        return export_model_dir(FLAGS.model_dir, FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
+                                overrides=FLAGS.override, overwrite=FLAGS.overwrite)
+    except (ImportError, FileNotFoundError, FileExistsError, ValueError) as e:  # ConfigError too
+        raise SystemExit(f"export: error: {e}") from None
 
 
 def run() -> None:

@@ -8,7 +8,11 @@
   ``translate_ids`` signatures;
 * :mod:`deep_nmt_tf.export.averaging`: ``average_checkpoints`` (``tools/average_checkpoints.py``);
 * :mod:`deep_nmt_tf.export.search_cache`: traced searches kept on disk, run by a later process
-  without building the model or tracing (``Translator.from_model_dir(search_cache=...)``).
+  without building the model or tracing (``Translator.from_model_dir(search_cache=...)``);
+* :mod:`deep_nmt_tf.export.ctranslate2` (``deep-nmt-export --format=ctranslate2``) and
+  :mod:`deep_nmt_tf.export.ctranslate2_translator`: a plain Transformer converted to a
+  CTranslate2 model directory, and text translation with it (the optional ``ctranslate2``
+  package; not imported here).
 
 The decoding-speed benchmark is a tool: ``deep-nmt-benchmark --mode=decode``
 (``deep_nmt_tf.tools.benchmark.benchmark_decode``).
