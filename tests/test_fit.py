@@ -29,8 +29,8 @@ def _token_ids(num_batches=8, batch_size=16, seed=0):
 
 @pytest.mark.parametrize("normalization", ["token", "sentence"])
 def test_keras_loss_is_the_custom_loops_sum_over_its_denominator(normalization):
-    from deep_nmt_tf.fit.losses import (LabelSmoothedCrossEntropy, cross_entropy_sums,
-                                        loss_denominator)
+    from deep_nmt_tf.task.losses import (LabelSmoothedCrossEntropy, cross_entropy_sums,
+                                         loss_denominator)
 
     rng = np.random.RandomState(0)
     logits = rng.randn(3, 5, 11).astype("float32")
@@ -46,7 +46,7 @@ def test_keras_loss_is_the_custom_loops_sum_over_its_denominator(normalization):
 # -- schedules, optimizer, refusals ----------------------------------------------------------
 
 def test_update_count_schedule_reads_the_schedule_at_updates():
-    from deep_nmt_tf.fit.schedules import InverseSqrtSchedule, UpdateCountSchedule
+    from deep_nmt_tf.task.schedules import InverseSqrtSchedule, UpdateCountSchedule
 
     inner = InverseSqrtSchedule(1e-3, 4, 1e-7)
     wrapped = UpdateCountSchedule(inner, 3)
@@ -58,8 +58,8 @@ def test_update_count_schedule_reads_the_schedule_at_updates():
 
 def test_compile_model_maps_the_training_keys_to_keras_options():
     from deep_nmt_tf import fit
-    from deep_nmt_tf.fit.losses import LabelSmoothedCrossEntropy
-    from deep_nmt_tf.fit.schedules import UpdateCountSchedule
+    from deep_nmt_tf.task.losses import LabelSmoothedCrossEntropy
+    from deep_nmt_tf.task.schedules import UpdateCountSchedule
 
     config = tiny_config(clip_norm=0.5, gradient_accumulation_steps=2, label_smoothing=0.2,
                          weight_decay=1e-4)

@@ -140,16 +140,21 @@ def test_no_import_cycles_in_the_package():
 
 
 def test_layering():
-    """layers/, models/, decoding/, config/ and fit/ (and the fit route's data/batching.py,
-    data/token_ids.py, progress.py) never import TensorFlow (nor config/ Keras); export/ never
-    imports training/."""
+    """layers/, models/, decoding/, config/, task/ and fit/ (and the fit route's
+    data/batching.py, data/token_ids.py, progress.py) never import TensorFlow (nor config/
+    Keras); export/ never imports training/; the two training routes, training/ and fit/, share
+    only the task (neither imports the other)."""
     graph = _import_graph()
     for name, edges in graph.items():
         if name.startswith("deep_nmt_tf.export"):
             assert not any(e.startswith("deep_nmt_tf.training") for e in edges), (name, edges)
+        for route, other in (("training", "fit"), ("fit", "training")):
+            if name.startswith(f"deep_nmt_tf.{route}"):
+                assert not any(e.startswith(f"deep_nmt_tf.{other}") for e in edges), \
+                    (name, edges)
     tf = ("tensorflow", "tensorflow_text")
     for package, banned in (("layers", tf), ("models", tf), ("decoding", tf),
-                            ("config", tf + ("keras",)), ("fit", tf),
+                            ("config", tf + ("keras",)), ("task", tf), ("fit", tf),
                             # The Keras route's data and progress (fit on a JAX-only machine).
                             ("data/batching.py", tf), ("data/token_ids.py", tf),
                             ("progress.py", tf + ("keras",))):

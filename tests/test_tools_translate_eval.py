@@ -83,7 +83,7 @@ def test_evaluate_refuses_flags_its_mode_ignores(args, message, tmp_path):
 def test_scores_of_a_lowercased_model_are_case_insensitive():
     """deep-nmt-evaluate and the dev BLEU of training score a model trained on lowercased
     text (data.lowercase) case-insensitively, and the signature says so."""
-    from deep_nmt_tf.training.metrics import corpus_bleu
+    from deep_nmt_tf.decoding.scoring import corpus_bleu
 
     lowered = [r.lower() for r in REFERENCES]
     scores = corpus_scores(lowered, REFERENCES, lowercase=True)

@@ -13,10 +13,11 @@ import tensorflow as tf
 
 from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.models import build_model
-from deep_nmt_tf.training import optimizers, schedules
+from deep_nmt_tf.task import schedules
+from deep_nmt_tf.training import optimizers
 from flat_config import flat_config
 from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
-from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
+from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 from test_training_helpers import ROOT, make_batches, make_trainer_class, run_python, weights
 
 CONFIGS = os.path.join(ROOT, "configs")
@@ -171,7 +172,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
     from deep_nmt_tf.config import load_config
     from deep_nmt_tf.training import Trainer, make_strategy
     from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
-    from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
+    from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 
     strategy = make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2

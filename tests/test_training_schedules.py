@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 
-from deep_nmt_tf.training.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
-                                            InverseSqrtSchedule, TransformerSchedule,
-                                            build_schedule, register_schedule)
+from deep_nmt_tf.task.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
+                                        InverseSqrtSchedule, TransformerSchedule,
+                                        build_schedule, register_schedule)
 from test_training_helpers import tiny_config
 
 

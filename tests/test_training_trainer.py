@@ -12,7 +12,7 @@ from deep_nmt_tf import checkpointing
 from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.decoding.search import search
 from deep_nmt_tf.training import metrics, optimizers
-from deep_nmt_tf.training import losses as losses_lib
+from deep_nmt_tf.task import losses as losses_lib
 from test_training_helpers import (NO_DROPOUT, copy_batch, make_batches, make_trainer_class,
                                    optimizer_state, run_python, split_batch, tiny_config,
                                    weights)

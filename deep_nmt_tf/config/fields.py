@@ -12,7 +12,7 @@ holds a ``type`` and one option section per registered type, in the manner of TF
 
 The types a one-of accepts come from a :class:`Registry`; the package registers its built-in
 types (``deep_nmt_tf.config.schema``) and code outside the package adds its own
-(``deep_nmt_tf.models.register_encoder``, ``deep_nmt_tf.training.schedules.register_schedule``).
+(``deep_nmt_tf.models.register_encoder``, ``deep_nmt_tf.task.schedules.register_schedule``).
 
 This module imports neither TensorFlow nor Keras.
 """

@@ -22,11 +22,11 @@ __all__ = [
 ]
 
 SCHEDULE_TYPES = Registry("learning-rate schedule", "training.schedule",
-                          "deep_nmt_tf.training.schedules.register_schedule(name, options=...)")
+                          "deep_nmt_tf.task.schedules.register_schedule(name, options=...)")
 
 
 # --------------------------------------------------------------------------------------------
-# Learning-rate schedules (one section per type; the builders are in training/schedules.py)
+# Learning-rate schedules (one section per type; the builders are in task/schedules.py)
 # --------------------------------------------------------------------------------------------
 
 

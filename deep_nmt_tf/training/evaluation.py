@@ -18,7 +18,6 @@ Both work on the duck-typed trainer the runner drives (:mod:`deep_nmt_tf.trainin
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Dict, List
 
@@ -27,7 +26,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf.decoding.scoring import corpus_bleu
 from deep_nmt_tf.decoding.search import search
+from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import metrics
 
@@ -88,12 +89,10 @@ class Evaluator:
                 ids = self._greedy_fn(tf.cast(batch["source_ids"], tf.int32)).numpy()
                 hypotheses.extend(trainer.detokenize(ids))
                 references.extend(x.decode("utf-8") for x in batch["target_text"].numpy())
-        tokens = max(totals[2], 1.0)
-        results = {"loss": totals[0] / tokens, "nll": totals[1] / tokens,
-                   "perplexity": math.exp(min(totals[1] / tokens, 100.0))}
+        results = per_token_metrics(totals[0], totals[1], totals[2])
         if references:
-            results["bleu"] = metrics.corpus_bleu(
-                hypotheses, references, lowercase=trainer.config.data.lowercase)
+            results["bleu"] = corpus_bleu(hypotheses, references,
+                                          lowercase=trainer.config.data.lowercase)
         return {k: float(v) for k, v in results.items()}, gates
 
     def evaluate(self, step: int, writer=None) -> Dict[str, float]:

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging as py_logging
-import math
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -75,8 +74,9 @@ from absl import logging
 from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import CheckpointSaver, has_object
 from deep_nmt_tf.config import Config, ConfigError
-from deep_nmt_tf.progress import Progress
+from deep_nmt_tf.progress import LogWindow, Progress
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
+from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics
 from deep_nmt_tf.training import warm_start as warm_start_lib
@@ -175,56 +175,20 @@ def _hook_action(trainer, hook: TrainHook) -> PeriodicAction:
     return PeriodicAction(getattr(hook, "__name__", "hook"), 1, call, exclude_time=False)
 
 
-class _LogWindow:
-    """Training metrics between two console/TensorBoard logs."""
-
-    def __init__(self, sum_keys: Sequence[str]):
-        self.sum_keys = tuple(sum_keys)
-        self.sums = {k: 0.0 for k in self.sum_keys}
-        self.norm_sum, self.applied, self.skipped = 0.0, 0, 0
-        self.last: Dict[str, float] = {}
-        self.start = time.perf_counter()
-        self.excluded = 0.0
-
-    def exclude(self, seconds: float):
-        """Leaves time spent on other work (checkpoints, evaluation) out of tokens/s."""
-        self.excluded += seconds
-
-    def add(self, logs: Dict[str, float]):
-        for k in self.sum_keys:
-            self.sums[k] += logs[k]
-        if logs["skipped"]:
-            self.skipped += 1
-        else:
-            self.norm_sum += logs["grad_norm"]
-            self.applied += 1
-        self.last = dict(logs)
-
-    def elapsed(self) -> float:
-        """Training time in the window (seconds, other work excluded)."""
-        return max(time.perf_counter() - self.start - self.excluded, 1e-9)
-
-    def tokens_per_second(self) -> float:
-        """Source and target tokens per second of training time in the window."""
-        return (self.sums["num_tokens"] + self.sums["source_tokens"]) / self.elapsed()
-
-    def summary(self) -> Dict[str, float]:
-        """Per-token losses over the window, mean norm of the applied updates, throughput,
-        the current learning rate and the gradient transforms' latest statistics."""
-        elapsed = self.elapsed()
-        tokens = max(self.sums["num_tokens"], 1.0)
-        nll = self.sums["nll_sum"] / tokens
-        out = {k: v for k, v in self.last.items()
-               if k not in self.sum_keys and k not in ("loss", "nll", "skipped")}
-        out.update({
-            "loss": self.sums["loss_sum"] / tokens,
-            "nll": nll,
-            "perplexity": math.exp(min(nll, 100.0)),
-            "grad_norm": self.norm_sum / max(self.applied, 1),
-            "tokens_per_second": self.tokens_per_second(),
-            "target_tokens_per_second": self.sums["num_tokens"] / elapsed,
-        })
-        return out
+def _window_summary(window: LogWindow) -> Dict[str, float]:
+    """Per-token losses over a log window (the task's metrics), mean norm of the applied
+    updates, throughput, the current learning rate and the gradient transforms' latest
+    statistics."""
+    sums = window.sums
+    out = {k: v for k, v in window.last.items()
+           if k not in window.sum_keys and k not in ("loss", "nll", "skipped")}
+    out.update(per_token_metrics(sums["loss_sum"], sums["nll_sum"], sums["num_tokens"]))
+    out.update({
+        "grad_norm": window.mean_grad_norm(),
+        "tokens_per_second": window.tokens_per_second(),
+        "target_tokens_per_second": sums["num_tokens"] / window.elapsed(),
+    })
+    return out
 
 
 @tf.function
@@ -277,7 +241,7 @@ class Runner:
         self.evaluator = evaluation.Evaluator(trainer)
         self.write_diagnostics = evaluation.DiagnosticsWriter(trainer)
         self._writers: Dict[str, tf.summary.SummaryWriter] = {}
-        self._window: Optional[_LogWindow] = None
+        self._window: Optional[LogWindow] = None
         self._summary: Dict[str, float] = {}
 
     # -- files -------------------------------------------------------------------------------
@@ -410,20 +374,19 @@ class Runner:
 
     def _log(self, writer, step: int, last: int) -> None:
         window = self._window
-        summary = window.summary()
+        summary = _window_summary(window)
         summary["skipped_updates"] = float(self.trainer.skipped_updates.numpy())
         metrics.write_scalars(writer, step,
                               {**summary, **evaluation.model_diagnostics(self.trainer.model)})
-        logging.info("step %d/%d: loss %.4f (nll %.4f, ppl %.2f), lr %.3e, |g| %.3f, "
-                     "%.0f tok/s%s, ETA %s", step, last, summary["loss"], summary["nll"],
-                     summary["perplexity"], summary["learning_rate"],
-                     summary["grad_norm"], summary["tokens_per_second"],
-                     f", {window.skipped} skipped" if window.skipped else "",
-                     self._progress.eta(step))
+        logging.info("%s", self._progress.log_line(step, [
+            f"loss {summary['loss']:.4f} (nll {summary['nll']:.4f}, ppl "
+            f"{summary['perplexity']:.2f})", f"lr {summary['learning_rate']:.3e}",
+            f"|g| {summary['grad_norm']:.3f}", f"{summary['tokens_per_second']:.0f} tok/s"]
+            + ([f"{window.skipped} skipped"] if window.skipped else [])))
         if step >= last:
             self._progress.close()
         self._summary = summary
-        self._window = _LogWindow(self.trainer.SUM_KEYS)
+        self._window = LogWindow(self.trainer.SUM_KEYS)
         self.health.after_log(step, summary["loss"])
 
     def _step_logs(self, out: Dict[str, tf.Tensor], step: int) -> Dict[str, float]:
@@ -463,7 +426,7 @@ class Runner:
         iterator = self.make_train_iterator()
         actions = self.actions(last) + [
             h if isinstance(h, PeriodicAction) else _hook_action(trainer, h) for h in hooks]
-        self._window, self._summary = _LogWindow(trainer.SUM_KEYS), {}
+        self._window, self._summary = LogWindow(trainer.SUM_KEYS), {}
         logging.info("Training from step %d to %d (%d replica(s), %d micro-batch(es) per update)",
                      step, last, trainer.strategy.num_replicas_in_sync,
                      trainer.accumulation_steps)

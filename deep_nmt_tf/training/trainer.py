@@ -13,7 +13,7 @@ One update (:meth:`~Trainer.train_step`), with ``k = training.gradient_accumulat
 micro-batches and ``n`` replicas:
 
 1. each replica runs forward and backward on its micro-batch and keeps the gradient of the
-   loss *numerator* (the summed per-token losses, :func:`~deep_nmt_tf.training.losses.
+   loss *numerator* (the summed per-token losses, :func:`~deep_nmt_tf.task.losses.
    cross_entropy_sums`) and the denominators (target tokens, sentences); over the first
    ``k - 1`` micro-batches they are added into replica-local accumulators;
 2. gradients and sums are all-reduced (summed) across replicas, once per update;
@@ -46,10 +46,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import model_trackable, resume_checkpoint
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
-from deep_nmt_tf.training import losses, optimizers, precision, schedules
+from deep_nmt_tf.task import LossSums, TranslationTask, build_optimizer
+from deep_nmt_tf.training import optimizers, precision
 from deep_nmt_tf.training import runner as runner_lib
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
@@ -121,7 +123,8 @@ class Trainer:
         self.config = runner_lib.prepare_run(config, self.run_dir, self.prepare,
                                              write=self.is_chief)
         t = self.config.training
-        self.accumulation_steps = t.gradient_accumulation_steps
+        self.task = TranslationTask(self.config)
+        self.accumulation_steps = self.task.accumulation_steps
         self._warned_unused = False
         keras.utils.set_random_seed(t.seed)
 
@@ -129,9 +132,10 @@ class Trainer:
             self.model = self.build_model()
             self._trainable_variables = warm_start_lib.trainable_variables(self.model,
                                                                            self.config)
-            self.schedule = schedules.build_schedule(
-                self.config, num_replicas=self.strategy.num_replicas_in_sync)
-            self.optimizer = optimizers.build_optimizer(self.config, self.schedule)
+            self.schedule = self.task.build_schedule(self.strategy.num_replicas_in_sync)
+            compat.check_optimizer_all_reduce_hook()
+            self.optimizer = build_optimizer(self.config, self.schedule,
+                                             optimizer_class=optimizers.ReducedGradientsAdam)
             self.loss_scaling = None
             if precision.uses_loss_scaling(t.precision):
                 self.loss_scaling = precision.LossScaling(self.optimizer)
@@ -160,7 +164,7 @@ class Trainer:
                     for v in self.trainable_variables]
                 self._sum_accumulator = tf.Variable(tf.zeros([len(self.SUM_KEYS)]),
                                                     name="sum_accumulator", **local)
-        self._decayed_mask = optimizers.decayed_variable_mask(self.trainable_variables)
+        self._decayed_mask = self.task.decayed_mask(self.trainable_variables)
         if t.grad_norm_ratio_every and not (hasattr(self.model, "encode") and
                                             hasattr(self.model, "decode")):
             raise ConfigError(f"{self.config.source}: training.grad_norm_ratio_every: the model "
@@ -204,9 +208,7 @@ class Trainer:
     def build_model(self) -> keras.Model:
         """The model (built: its variables exist) in the ``training.precision`` dtype policy;
         called inside the strategy scope."""
-        from deep_nmt_tf.models import build_model
-
-        return build_model(self.config, dtype=self.config.training.precision)
+        return self.task.build_model()
 
     def build_train_dataset(self, input_context: Optional[tf.distribute.InputContext]
                             ) -> tf.data.Dataset:
@@ -252,12 +254,11 @@ class Trainer:
     # Loss and gradients
     # ------------------------------------------------------------------------------------
 
-    def compute_loss(self, batch: Dict[str, tf.Tensor], training: bool) -> losses.LossSums:
-        """Forward pass and loss sums of one (per-replica) batch."""
+    def compute_loss(self, batch: Dict[str, tf.Tensor], training: bool) -> LossSums:
+        """Forward pass and loss sums of one (per-replica) batch (the task's loss)."""
         logits = self.model({"source_ids": batch["source_ids"],
                              "target_input_ids": batch["target_input_ids"]}, training=training)
-        return losses.cross_entropy_sums(logits, batch["target_output_ids"],
-                                         self.config.training.label_smoothing)
+        return self.task.loss_sums(logits, batch["target_output_ids"])
 
     def _diagnostic_loss(self, batch):
         """``compute_loss`` (training) through ``encode``/``decode``, also returning the first
@@ -268,8 +269,7 @@ class Trainer:
             raise ValueError("training.grad_norm_ratio_every needs a model whose encode() "
                              "returns 'layer_outputs' (embedding output + one per layer)")
         logits = self.model.decode(encoded, batch["target_input_ids"], training=True)
-        sums = losses.cross_entropy_sums(logits, batch["target_output_ids"],
-                                         self.config.training.label_smoothing)
+        sums = self.task.loss_sums(logits, batch["target_output_ids"])
         return sums, [outputs[1], outputs[-1]]
 
     def _compute_gradients(self, batch, diagnostics=False):
@@ -337,7 +337,7 @@ class Trainer:
         if self.loss_scaling is not None:  # float16: unscale before clipping and the norm
             denominator = denominator * self.loss_scaling.current_scale()
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
-        grads = optimizers.add_l2_gradients(grads, variables, self.config.training.weight_decay,
+        grads = optimizers.add_l2_gradients(grads, variables, self.task.weight_decay,
                                             self._decayed_mask)
         stats = {"grad_norm": tf.linalg.global_norm(grads)}
         for transform in self.gradient_transforms:
