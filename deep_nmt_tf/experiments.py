@@ -272,19 +272,16 @@ def _check_recipe(run: PlannedRun, config, saved, run_dir: str) -> None:
             f"--output_dir) to train the new recipe, or restore these keys")
 
 
-class _BudgetSpent(Exception):
-    """A run's training clock reached ``--max_train_minutes`` (raised by a training hook)."""
-
-
 def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
            max_train_minutes: Optional[float] = None) -> None:
     from deep_nmt_tf.run_dir import RunDir
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     saved = RunDir(run_dir).saved_config()
     _check_seed(run, saved, run_dir, state)
     _check_recipe(run, config, saved, run_dir)
-    trainer = Trainer(config, run_dir)
+    runner = Runner(config, run_dir)
+    trainer = runner.trainer
     done = int(trainer.step.numpy())
     target = config.training.train_steps
     training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
@@ -316,32 +313,28 @@ def _train(run: PlannedRun, config, run_dir: str, state: _State, log: Callable,
         start[:] = now
         training["updates"] = step
         if budget is not None and training["seconds"] >= budget and step < target:
-            path = trainer_.runner.checkpoint_here()
             training["budget"] = {"minutes": max_train_minutes, "stopped_at": step}
-            state.save()
-            log(f"{run.name}: {max_train_minutes:g} minutes of training reached at update "
-                f"{step}: stopped there ({path})")
-            raise _BudgetSpent()
+            runner.request_stop(f"{max_train_minutes:g} minutes of training")
         if step % config.training.log_every == 0 or step == target:
             state.save()
 
-    try:
-        trainer.train(hooks=[account])
-    except _BudgetSpent:
-        pass
+    runner.run(hooks=[account])
+    if runner.stopped:  # the budget: the runner wrote a checkpoint at the update reached
+        log(f"{run.name}: {max_train_minutes:g} minutes of training reached at update "
+            f"{training['updates']}: stopped there ({runner.checkpoint_here()})")
     state.save()
 
 
 def _average(run: PlannedRun, run_dir: str, state: _State) -> str:
-    from deep_nmt_tf.export.averaging import average_checkpoints
-    from deep_nmt_tf.run_dir import RunDir
+    from deep_nmt_tf.checkpoints import CheckpointStore
 
     out = os.path.join(run_dir, "averaged")
-    checkpoints = RunDir(run_dir).list_checkpoints()[-run.average_last:]
+    store = CheckpointStore(run_dir)
+    checkpoints = store.list()[-run.average_last:]
     if state.data.get("averaged") != checkpoints:
         # ``averaged/`` is this tool's own output, derived from the run's checkpoints: replaced
         # even when it names checkpoints elsewhere (a run directory copied or moved here).
-        average_checkpoints(run_dir, out, checkpoints=checkpoints, overwrite=True)
+        store.average(out, checkpoints=checkpoints, overwrite=True)
         state.data["averaged"] = checkpoints
         state.data.pop("decoding", None)  # a new average: decode again
         state.data.pop("tests", None)

@@ -24,10 +24,16 @@ def _model(architecture, **keys):
     return model
 
 
-def _losses(trainer):
+def _losses(runner):
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l["loss"])])
+    runner.run(hooks=[lambda t, s, l: logs.append(l["loss"])])
     return logs
+
+
+def _runner(cfg, model_dir, cls=None):
+    from deep_nmt_tf.training import Runner
+
+    return Runner(cfg, model_dir, trainer=cls or make_trainer_class())
 
 
 # The cascade trains (warm-started and partly frozen) in the warm-start test below; the
@@ -36,8 +42,8 @@ def _losses(trainer):
 def test_hybrid_trains_with_falling_loss(tmp_path, architecture):
     cfg = tiny_config(_model(architecture, encoder_layers=1), train_steps=12, learning_rate=1e-2,
                       checkpoint_every=100)
-    trainer = make_trainer_class(make_batches(2, batch_size=8, seed=1))(cfg, str(tmp_path))
-    losses = _losses(trainer)
+    cls = make_trainer_class(make_batches(2, batch_size=8, seed=1))
+    losses = _losses(_runner(cfg, str(tmp_path), cls))
     assert np.isfinite(losses).all(), losses
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
 
@@ -47,9 +53,9 @@ def source_run(tmp_path_factory):
     """An RNMT+ run (2 encoder layers) whose final checkpoint the cascade starts from."""
     model_dir = str(tmp_path_factory.mktemp("rnmt"))
     cfg = tiny_config(_model("rnmt_plus"), train_steps=2, checkpoint_every=100)
-    trainer = make_trainer_class()(cfg, model_dir)
-    trainer.train()
-    return model_dir, trainer
+    runner = _runner(cfg, model_dir)
+    runner.run()
+    return model_dir, runner.trainer
 
 
 @pytest.mark.slow
@@ -70,7 +76,8 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
                       warm_start={"checkpoint": source_dir, "source": "encoder",
                                   "target": "encoder/stages/0"},
                       freeze=["encoder/stages/0"])
-    trainer = make_trainer_class()(cfg, str(tmp_path / "cascaded"))
+    runner = _runner(cfg, str(tmp_path / "cascaded"))
+    trainer = runner.trainer
     rnmt = trainer.model.encoder.stages[0]
     rprefix = rnmt.path + "/"
     got = {v.path[len(rprefix):]: v.numpy() for v in rnmt.weights}
@@ -94,7 +101,7 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
     assert len(trainable) == len(trainer.model.trainable_variables) - len(
         rnmt.trainable_weights)
     before = {v.path: v.numpy().copy() for v in trainer.model.weights}
-    losses = _losses(trainer)
+    losses = _losses(runner)
     assert np.mean(losses[-3:]) < losses[0] - 0.15, losses  # the cascade trains
     for v in trainer.model.weights:
         if id(v) in rnmt_ids:
@@ -111,7 +118,7 @@ def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
     cfg = tiny_config(bad, warm_start={"checkpoint": source_dir, "source": "encoder",
                                        "target": "encoder/stages/0"})
     with pytest.raises(ConfigError) as e:
-        make_trainer_class()(cfg, str(tmp_path / "bad"))
+        _runner(cfg, str(tmp_path / "bad"))
     msg = str(e.value)
     assert "training.warm_start" in msg
     assert "layer_2/forward/cell/kernel: only in this model's encoder/stages/0" in msg
@@ -125,7 +132,7 @@ def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
 def test_bad_warm_start_or_freeze_paths_name_the_key(tmp_path, training, key):
     cfg = tiny_config(_model("cascaded"), **training)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
-        make_trainer_class()(cfg, str(tmp_path / "run"))
+        _runner(cfg, str(tmp_path / "run"))
 
 
 @pytest.mark.slow
@@ -135,7 +142,7 @@ def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
     SavedModel translates as the in-process translator does."""
     from deep_nmt_tf.config import load_config
     from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     overrides = [
         "model.encoder.type=multi_column",
@@ -156,7 +163,7 @@ def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
         "decoding.max_length_a=1.0"]
     config = load_config(os.path.join(ROOT, "configs", "rnmt_plus_demo.yaml"), overrides)
     model_dir = str(tmp_path / "run")
-    losses = _losses(Trainer(config, model_dir))
+    losses = _losses(Runner(config, model_dir))
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
     translator = Translator.from_model_dir(model_dir)
     assert type(translator.model.encoder).__name__ == "MultiColumnEncoder"

@@ -14,7 +14,7 @@ import tensorflow as tf
 from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.models import build_model
 from deep_nmt_tf.task import schedules
-from deep_nmt_tf.training import optimizers
+from deep_nmt_tf.training import Runner, optimizers
 from flat_config import flat_config
 from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
 from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
@@ -140,7 +140,8 @@ def test_adaptive_clipping_skips_an_injected_outlier_in_the_trainer(tmp_path):
             scale = tf.where(tf.equal(self.step, spike_at - 1), 1000.0, 1.0)
             return sums._replace(loss=sums.loss * scale)
 
-    trainer = SpikeTrainer(cfg, str(tmp_path / "run"))
+    runner = Runner(cfg, str(tmp_path / "run"), trainer=SpikeTrainer)
+    trainer = runner.trainer
     logs, before = [], {}
 
     def hook(t, step, step_logs):
@@ -148,7 +149,7 @@ def test_adaptive_clipping_skips_an_injected_outlier_in_the_trainer(tmp_path):
         if step == spike_at - 1:
             before["weights"] = weights(t)
 
-    trainer.train(hooks=[hook])
+    runner.run(hooks=[hook])
     skipped = [i + 1 for i, l in enumerate(logs) if l["skipped"]]
     assert skipped == [spike_at], [(l["grad_norm"], l["skipped"]) for l in logs]
     assert int(trainer.skipped_updates.numpy()) == 1
@@ -170,7 +171,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
     import numpy as np
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training import Trainer, make_strategy
+    from deep_nmt_tf.training import Runner, make_strategy
     from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
     from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 
@@ -192,11 +193,12 @@ TRAIN_SCRIPT = textwrap.dedent("""
         "decoding.beam_size=3", "decoding.batch_size=8", "decoding.max_length_b=5",
         "decoding.max_length_a=1.0"]
     config = load_config("configs/rnmt_plus_demo.yaml", overrides)
-    trainer = Trainer(config, "{model_dir}", strategy=strategy)
+    runner = Runner(config, "{model_dir}", strategy=strategy)
+    trainer = runner.trainer
     assert isinstance(trainer.schedule, RNMTPlusSchedule) and trainer.schedule.num_replicas == 2
     assert any(isinstance(t, AdaptiveClippingTransform) for t in trainer.gradient_transforms)
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    runner.run(hooks=[lambda t, s, l: logs.append(l)])
     losses = [l["loss"] for l in logs]
     assert np.isfinite(losses).all(), losses
     first, last = losses[0], np.mean(losses[-5:])

@@ -168,7 +168,7 @@ def _train_child(name):
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.threads)
         tf.config.threading.set_inter_op_parallelism_threads(FLAGS.threads)
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training.trainer import Trainer
+    from deep_nmt_tf.training import Runner, Trainer
 
     path, overrides = _config_overrides(name)
     overrides = overrides + list(FLAGS.override) + [
@@ -206,9 +206,9 @@ def _train_child(name):
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with tempfile.TemporaryDirectory() as model_dir:
-        trainer = BenchTrainer(config, model_dir)
+        trainer = Runner(config, model_dir, trainer=BenchTrainer).trainer
         params = int(sum(np.prod(v.shape) for v in trainer.model.trainable_variables))
-        iterator = trainer.make_train_iterator()
+        iterator = trainer.distributed_iterator()
         for _ in range(FLAGS.warmup):
             float(trainer.train_step(iterator)["loss_sum"])
         times = []

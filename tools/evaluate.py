@@ -240,8 +240,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _evaluate_model() -> None:
+    from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.export.translator import Translator
-    from deep_nmt_tf.run_dir import RunDir
 
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
@@ -263,7 +263,7 @@ def _evaluate_model() -> None:
         if not dev_source or not dev_reference:
             raise app.UsageError("--checkpoint_window needs --dev_source/--dev_reference (the "
                                  "config has no data.dev_*)")
-        checkpoints = RunDir(FLAGS.model_dir).list_checkpoints()
+        checkpoints = CheckpointStore(FLAGS.model_dir).list()  # ckpt-N and .weights.h5
         if len(checkpoints) < FLAGS.checkpoint_window:
             logging.warning("only %d checkpoints in %s for a window of %d (raise "
                             "training.keep_checkpoints)", len(checkpoints), FLAGS.model_dir,

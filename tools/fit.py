@@ -15,7 +15,8 @@ TensorFlow; running the command again resumes from the newest.  The config keys 
 loop's; the ones fit cannot honour (adaptive clipping, the grad-norm ratio, warm start,
 freezing) are refused naming the key (``deep_nmt_tf.fit.compiling``).
 
-Exit status: 0 on success, 2 for an invalid config or data.
+Exit status: 0 on success, 2 for an invalid config or data, or checkpoints none of which can be
+read (a damaged newer one is skipped with a WARNING and kept, renamed ``*.unreadable``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir=DIR is required")
+    from deep_nmt_tf.checkpoints import CheckpointError
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
     from deep_nmt_tf.data.text_io import DataError
 
@@ -65,7 +67,7 @@ def main(argv: Sequence[str]) -> None:
         from deep_nmt_tf.fit.run import train
 
         results = train(FLAGS.model_dir, FLAGS.override)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError) as e:
         _fail(str(e))
     if results:
         print("Done: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -49,7 +50,7 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf import compat
-from deep_nmt_tf.checkpointing import restore_model_weights
+from deep_nmt_tf.checkpoints import format_of
 from deep_nmt_tf.config import Config, DecodingConfig
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from deep_nmt_tf.decoding.search import beam_search, search
@@ -315,7 +316,7 @@ class Translator:
         if self._model is None:
             self._model = self._build_model()
             if self.checkpoint_path is not None:
-                restore_model_weights(self._model, self.checkpoint_path)
+                format_of(self.checkpoint_path).restore_model(self._model, self.checkpoint_path)
         return self._model
 
     @property
@@ -332,8 +333,10 @@ class Translator:
 
         Args:
           model_dir: a model directory (trainer output or average_checkpoints output).
-          checkpoint: a checkpoint prefix (``MODEL_DIR/ckpt-1000``); default the newest one
-            that can be read (newer damaged ones are skipped with a WARNING).
+          checkpoint: a checkpoint (``MODEL_DIR/ckpt-1000``, or a ``ckpt-N.weights.h5`` of
+            ``fit``) or a run directory (its latest); default the newest one that can be read
+            (newer damaged ones are skipped with a WARNING): the run directory's
+            :class:`~deep_nmt_tf.checkpoints.CheckpointStore`.
           overrides: config overrides (``decoding.beam_size=8`` ...).
           jit_compile, pad_to_multiple: see :class:`TranslationModule`.
           precision: ``float32``, ``bfloat16`` or ``float16``: the dtype of the weights and
@@ -350,7 +353,7 @@ class Translator:
           FileNotFoundError: no ``config.yaml``, no (such) checkpoint.
           CheckpointError: the checkpoint is damaged or of another model.
         """
-        from deep_nmt_tf.checkpointing import resolve_checkpoint
+        from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore, format_of
         from deep_nmt_tf.export.search_cache import SearchCache
         from deep_nmt_tf.models import build_model
         from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
@@ -364,12 +367,11 @@ class Translator:
         run_dir.check_vocab(vocab, run_dir.config_path)
         tokenizer = build_tokenizer(config, vocab)
         policy = INFERENCE_POLICIES[precision]
-        latest = checkpoint is None
-        if latest:
-            checkpoint = run_dir.latest_checkpoint()  # (the newest readable one)
-            if checkpoint is None:
-                raise FileNotFoundError(f"no checkpoint in {model_dir}")
-        if search_cache is None or checkpoint.endswith(".weights.h5"):
+        store = CheckpointStore(run_dir)
+        resolved = checkpoint is None or os.path.isdir(checkpoint)
+        if resolved:  # the newest readable one (of this run, or of the directory named)
+            checkpoint = store.resolve(checkpoint)
+        if search_cache is None or format_of(checkpoint).kind != TF_CHECKPOINT:
             translator = cls(build_model(config, dtype=policy), tokenizer, config,
                              jit_compile=jit_compile, pad_to_multiple=pad_to_multiple)
             translator.restore(checkpoint)
@@ -378,13 +380,13 @@ class Translator:
                          jit_compile=jit_compile, pad_to_multiple=pad_to_multiple,
                          precision=precision, search_cache=SearchCache(search_cache))
         # Without the model's restore, a given checkpoint is checked here (missing, damaged).
-        translator.restore(checkpoint if latest else resolve_checkpoint(checkpoint))
+        translator.restore(checkpoint if resolved else store.resolve(checkpoint))
         return translator
 
     def restore(self, checkpoint_path: str):
         """Loads the model variables of another checkpoint (compiled functions are kept)."""
         if self._model is not None:
-            restore_model_weights(self._model, checkpoint_path)
+            format_of(checkpoint_path).restore_model(self._model, checkpoint_path)
         self.checkpoint_path = checkpoint_path
         self._cached_variables.clear()
         logging.info("Restored model weights from %s", checkpoint_path)

@@ -2,10 +2,11 @@
 
 * :class:`RunDirCheckpoint` writes ``MODEL_DIR/ckpt-N.weights.h5`` (``N`` = updates applied;
   Keras' ``save_weights``: the model's and the optimizer's weights) every
-  ``training.checkpoint_every`` updates and at the end, keeping ``training.keep_checkpoints``.
+  ``training.checkpoint_every`` updates and at the end, keeping ``training.keep_checkpoints``
+  (the run directory's :meth:`deep_nmt_tf.checkpoints.CheckpointStore.save`).
   ``deep-nmt-translate``, ``-evaluate`` and ``-export`` load them on TensorFlow like a
-  ``ckpt-N`` (:func:`deep_nmt_tf.checkpointing.restore_model_weights`); :func:`deep_nmt_tf.fit.
-  run.train` resumes from the newest.
+  ``ckpt-N`` (through the same store); :func:`deep_nmt_tf.fit.run.train` resumes from the
+  newest that can be read.
 * :class:`ProgressLogger`: a progress bar on a terminal (:class:`deep_nmt_tf.progress.
   Progress`: step, loss, tokens/s, ETA) and a plain line per ``fit`` epoch (the run's
   ``training.log_every`` updates): loss, tokens/s, learning rate, ETA and the validation loss
@@ -19,15 +20,14 @@ variables during ``fit`` copies the training state back into them.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, Optional
 
 import keras
 from absl import logging
 from keras import ops
 
+from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.progress import LogWindow, Progress
-from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.task import per_token_metrics
 
 __all__ = ["RunDirCheckpoint", "ProgressLogger"]
@@ -66,7 +66,7 @@ class RunDirCheckpoint(_UpdateCounter):
     def __init__(self, run_dir, every: int, keep: int, start_update: int = 0,
                  accumulation: int = 1):
         super().__init__(start_update, accumulation)
-        self.run_dir = RunDir(run_dir)
+        self.store = CheckpointStore(run_dir)
         self.every = max(1, int(every))
         self.keep = max(1, int(keep))
         self.last_saved: Optional[int] = None
@@ -76,12 +76,8 @@ class RunDirCheckpoint(_UpdateCounter):
         step = self.updates
         if step == self.last_saved or step == 0:
             return None
-        os.makedirs(self.run_dir.path, exist_ok=True)
-        path = self.run_dir.keras_weights_path(step)
-        self.model.save_weights(path)
+        path = self.store.save(self.model, step, self.keep)
         self.last_saved = step
-        for old in self.run_dir.list_keras_weights()[:-self.keep]:
-            os.remove(old)
         logging.info("Saved checkpoint %s", path)
         return path
 

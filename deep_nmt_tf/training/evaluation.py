@@ -11,9 +11,11 @@ the rule that ``deep-nmt-translate`` and ``deep-nmt-evaluate`` use; it runs in a
 :func:`model_diagnostics` and :func:`write_diagnostics` turn the model's learned mixing weights
 and lexical-shortcut gates into TensorBoard scalars and images (``training.diagnostics_every``).
 
-Both work on the duck-typed trainer the runner drives (:mod:`deep_nmt_tf.training.runner`):
-``model``, ``config``, ``compute_loss``, ``build_eval_dataset``, ``build_train_dataset``,
-``detokenize``, ``is_chief``.
+The runner (:mod:`deep_nmt_tf.training.runner`) builds both from its trainer: they read the
+trainer's declared members (:mod:`deep_nmt_tf.training.interface`: ``model``, ``config`` and,
+for dev evaluation and the gates' batch, the :class:`~deep_nmt_tf.training.interface.
+DevEvaluation` ones ``compute_loss``, ``build_eval_dataset``, ``build_train_dataset``,
+``detokenize``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class Evaluator:
         self._greedy_fn = tf.function(
             lambda source_ids: greedy_ids(trainer.model, source_ids, trainer.config.decoding),
             input_signature=[tf.TensorSpec([None, None], tf.int32)])
+
+    def has_dev_set(self) -> bool:
+        """Whether the trainer has dev batches (``data.dev_source``/``dev_target``)."""
+        return self.trainer.build_eval_dataset() is not None
 
     def __call__(self):
         """Evaluates on the dev set; returns ``(results, gates)`` (empty dicts without a dev
@@ -141,17 +147,19 @@ class DiagnosticsWriter:
     else the first training micro-batch).
 
     Args:
-      trainer: the trainer (``model``, ``is_chief``, ``build_eval_dataset``,
-        ``build_train_dataset``).
+      trainer: the trainer (``model``, and ``build_eval_dataset``, ``build_train_dataset`` for
+        the gates).
+      chief: whether this worker writes (the others do nothing).
     """
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, chief: bool = True):
         self.trainer = trainer
+        self.chief = chief
         self._batch = self._gates_fn = None
 
     def __call__(self, writer, step: int) -> None:
         trainer, model = self.trainer, self.trainer.model
-        if not trainer.is_chief:
+        if not self.chief:
             return
         diagnostics_lib.write_weight_images(writer, step, model)
         if not diagnostics_lib.has_shortcut_gates(model):
