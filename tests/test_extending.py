@@ -125,7 +125,8 @@ def test_a_new_encoder_trains_decodes_with_beam_search_and_exports(tmp_path):
     import tensorflow as tf
 
     from deep_nmt_tf.decoding import beam_search
-    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
+    from deep_nmt_tf.export import export_model_dir, load_saved_model
+    from deep_nmt_tf.inference import Translator
     from deep_nmt_tf.training import Runner
 
     model_dir = str(tmp_path / "run")

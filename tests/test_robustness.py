@@ -777,7 +777,7 @@ def test_build_vocab_overwrite_is_explicit(real_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def translator(real_run):
-    from deep_nmt_tf.export.translator import Translator
+    from deep_nmt_tf.inference import Translator
 
     return Translator.from_model_dir(real_run["run"], jit_compile=False)
 
@@ -842,7 +842,7 @@ class _ChunkedTranslator:
         return 1, 0.6, 1, 2
 
     def translate_chunks(self, lines, progress=None, **options):
-        from deep_nmt_tf.export.translator import Hypothesis
+        from deep_nmt_tf.inference import Hypothesis
 
         yield [[Hypothesis(f"T({line})", 0.0, ())] for line in lines[:2]]
         raise _Interrupted()

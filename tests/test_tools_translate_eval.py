@@ -109,7 +109,7 @@ def test_checkpoint_window_and_stats():
 
 @pytest.fixture(scope="module")
 def translator(tmp_path_factory):
-    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.inference import Translator
 
     # The plain graph (no XLA): the tools' logic does not depend on it, and it saves compiling
     # each new shape (the export tests cover the XLA default).
@@ -188,7 +188,7 @@ def _test_split_refs(path):
 def test_average_checkpoints(translator, tmp_path):
     import tensorflow as tf
 
-    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.inference import Translator
     from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.checkpointing import list_checkpoints
     from deep_nmt_tf.checkpointing import restore_model_weights as restore_model

@@ -141,7 +141,8 @@ def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
     trains on the synthetic demo corpus (loss falling), beam-searches, and the exported
     SavedModel translates as the in-process translator does."""
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
+    from deep_nmt_tf.export import export_model_dir, load_saved_model
+    from deep_nmt_tf.inference import Translator
     from deep_nmt_tf.training import Runner
 
     overrides = [

@@ -208,7 +208,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
     print("trained: ok")
 
     # Beam search and the SavedModel export, unchanged, on the trained RNMT+ model.
-    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
+    from deep_nmt_tf.export import export_model_dir, load_saved_model
+    from deep_nmt_tf.inference import Translator
     translator = Translator.from_model_dir("{model_dir}")
     test_source = translator.config.data.test_source  # resolved (synthetic corpus files)
     sentences = [l.rstrip("\\n") for l in open(test_source, encoding="utf-8")][:4]

@@ -155,7 +155,7 @@ def evaluate_window(translator, checkpoints: Sequence[str], window: int, dev: Se
     """Scores every checkpoint on dev and test; mean/std test BLEU over the window.
 
     Args:
-      translator: a :class:`~deep_nmt_tf.export.translator.Translator` (weights are replaced).
+      translator: a :class:`~deep_nmt_tf.inference.Translator` (weights are replaced).
       checkpoints: checkpoint prefixes in training order.
       window: window size.
       dev, test: ``(source, reference)`` paths.
@@ -241,7 +241,7 @@ def main(argv: Sequence[str]) -> None:
 
 def _evaluate_model() -> None:
     from deep_nmt_tf.checkpoints import CheckpointStore
-    from deep_nmt_tf.export.translator import Translator
+    from deep_nmt_tf.inference import Translator
 
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,

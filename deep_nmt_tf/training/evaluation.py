@@ -2,7 +2,7 @@
 
 :class:`Evaluator` computes the dev loss, NLL, perplexity and, with ``training.eval_bleu``,
 sacreBLEU of greedy decoding (case-insensitive when ``data.lowercase``: such a model cannot
-produce case).  Greedy decoding is :func:`deep_nmt_tf.decoding.search.search`
+produce case).  Greedy decoding is :meth:`deep_nmt_tf.decoding.SearchOptions.search`
 with beam size 1 and the per-sentence length limit ``floor(a * n + b)`` of
 ``decoding.max_length_a`` / ``decoding.max_length_b`` (``n`` = source tokens), the search and
 the rule that ``deep-nmt-translate`` and ``deep-nmt-evaluate`` use; it runs in a
@@ -29,7 +29,7 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf.decoding.scoring import corpus_bleu
-from deep_nmt_tf.decoding.search import search
+from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import metrics
@@ -40,11 +40,10 @@ _BATCH_KEYS = ("source_ids", "target_input_ids", "target_output_ids")
 
 
 def greedy_ids(model, source_ids, decoding):
-    """Greedy output ids ``[B, L]`` (``PAD_ID`` after the last token; no ``EOS``) of
-    :func:`~deep_nmt_tf.decoding.search.search` with beam 1 and ``decoding.max_length_a/b``."""
-    out = search(model, source_ids, beam_size=1, max_length_a=float(decoding.max_length_a),
-                 max_length_b=int(decoding.max_length_b))
-    return out["ids"][:, 0]
+    """Greedy output ids ``[B, L]`` (``PAD_ID`` after the last token; no ``EOS``): the search
+    options of the ``decoding`` section, greedy (:meth:`~deep_nmt_tf.decoding.SearchOptions.
+    greedy`: beam 1, ``decoding.max_length_a/b``)."""
+    return SearchOptions.from_config(decoding).greedy().search(model, source_ids)["ids"][:, 0]
 
 
 class Evaluator:
