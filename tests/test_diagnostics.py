@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from deep_nmt_tf.analysis import events, probe
+from config_trees import merge, stacks
 from deep_nmt_tf.training import Runner, diagnostics
 from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class,
                                    run_python, tiny_config)
@@ -29,7 +30,7 @@ def _batch(batch):
 
 
 def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path):
-    model = dict(NO_DROPOUT, encoder_layers=3)
+    model = merge(NO_DROPOUT, stacks(encoder={"num_layers": 3}))
     batches = make_batches(3, batch_size=8, seed=3)
     cls = make_trainer_class(batches)
     runner = Runner(tiny_config(model, train_steps=7, grad_norm_ratio_every=3, log_every=7,
@@ -79,11 +80,12 @@ MIRRORED = textwrap.dedent("""
 
     import numpy as np
     from deep_nmt_tf.training import Runner, diagnostics, make_strategy
+    from config_trees import merge, stacks
     from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config
 
     batches = make_batches(1, batch_size=8, seed=4)
-    model = dict(NO_DROPOUT, encoder_layers=2, transparent_attention={{"enabled": True,
-                 "weight_dropout": 0.0}})
+    model = merge(NO_DROPOUT, stacks(encoder={{"num_layers": 2}}),
+                  {{"transparent_attention": {{"enabled": True, "weight_dropout": 0.0}}}})
     mirrored = make_strategy("mirrored")
     assert mirrored.num_replicas_in_sync == 2
     # 2 replicas x 2 accumulated micro-batches: each replica sees 2 quarters of the batch.
@@ -117,13 +119,12 @@ def test_grad_norm_ratio_under_mirrored_strategy_and_accumulation(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def _deep_model(**extra):
+def _deep_model(dlcl=True):
     from deep_nmt_tf.models import build_model
 
-    model = dict(NO_DROPOUT, encoder_layers=3, decoder_layers=2,
-                 transparent_attention={"enabled": True}, dlcl={"encoder": True, "decoder": True},
-                 lexical_shortcuts={"enabled": True})
-    model.update(extra)
+    model = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},
+                  stacks({"dlcl": {"enabled": dlcl}, "lexical_shortcuts": {"enabled": True}},
+                         encoder={"num_layers": 3}, decoder={"num_layers": 2}))
     return build_model(tiny_config(model))
 
 
@@ -173,9 +174,9 @@ def test_weight_images_are_written_and_read_back(tmp_path):
 
 
 def test_trainer_writes_weight_images_and_gate_scalars(tmp_path):
-    deep = dict(NO_DROPOUT, encoder_layers=2, decoder_layers=2,
-                transparent_attention={"enabled": True}, dlcl={"encoder": True},
-                lexical_shortcuts={"enabled": True})
+    deep = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},
+                 stacks({"num_layers": 2, "lexical_shortcuts": {"enabled": True}},
+                        encoder={"dlcl": {"enabled": True}}))
     cls = make_trainer_class()
     runner = Runner(tiny_config(deep, train_steps=4, log_every=2, diagnostics_every=2),
                     str(tmp_path / "run"), trainer=cls)
@@ -203,10 +204,9 @@ def test_decoder_layer_states_match_the_decoder_and_cosines_are_in_range():
     from deep_nmt_tf.models import build_model
 
     batch = _batch(make_batches(1, batch_size=5, seed=8)[0])
-    for model in (build_model(tiny_config(dict(encoder_layers=2, decoder_layers=3,
-                                               lexical_shortcuts={"enabled": True,
-                                                                  "placement": "both"}))),
-                  _deep_model(dlcl={})):
+    both = stacks({"lexical_shortcuts": {"enabled": True}}, encoder={"num_layers": 2},
+                  decoder={"num_layers": 3, "lexical_shortcuts": {"placement": "both"}})
+    for model in (build_model(tiny_config(both)), _deep_model(dlcl=False)):
         states = probe.layer_states(model, batch["source_ids"], batch["target_input_ids"])
         assert len(states["encoder"]) == model.model_config.encoder.get().num_layers + 1
         assert len(states["decoder"]) == model.model_config.decoder.get().num_layers + 1

@@ -10,7 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from test_training_helpers import VOCAB, make_batches, run_python, run_tool, tiny_config
+from config_trees import constant
+from test_training_helpers import (NO_DROPOUT, VOCAB, make_batches, run_python, run_tool,
+                                   tiny_config)
 
 
 def _token_ids(num_batches=8, batch_size=16, seed=0):
@@ -98,8 +100,8 @@ def test_fit_loss_falls_on_tensorflow():
     from deep_nmt_tf import fit
     from deep_nmt_tf.data.batching import TokenBatches
 
-    config = tiny_config(train_steps=60, learning_rate=1e-2, batch_tokens=256,
-                         model=dict(input_dropout=0.0, residual_dropout=0.0))
+    config = tiny_config(train_steps=60, schedule=constant(1e-2), batch_tokens=256,
+                         model=NO_DROPOUT)
     model = fit.build_fit_model(config)
     fit.compile_model(model, config)
     batches = TokenBatches.from_config(config, _token_ids(), num_batches=15)

@@ -54,7 +54,7 @@ def test_build_lists_every_module_tool_and_test():
     expected.discard("tools/__init__.py")
     assert not expected - listed, f"missing from BUILD: {sorted(expected - listed)}"
     assert not listed - expected - {"tests/conftest.py", "tests/keras_test_utils.py",
-                                  "tests/flat_config.py"}, \
+                                  "tests/config_trees.py"}, \
         f"BUILD lists files that do not exist: {sorted(listed - expected)}"
 
 
@@ -198,6 +198,16 @@ def test_n_best_against_the_beam_is_checked_in_one_function():
                         found.append(f"{os.path.relpath(path, ROOT)}:{func.name}")
     assert sorted(set(found)) == [os.path.join("deep_nmt_tf", "config", "rules.py")
                                   + ":check_search_options"], found
+
+
+def test_only_the_legacy_tests_use_the_0_1_layout():
+    """Test configs are written in the current layout (tests/config_trees.py); the 0.1 layout
+    and its upgrade (config/legacy.py) appear in tests/test_config_legacy.py alone."""
+    for path in glob.glob(os.path.join(ROOT, "tests", "*.py")):
+        if os.path.basename(path) in ("test_config_legacy.py", "test_packaging.py"):
+            continue
+        source = open(path, encoding="utf-8").read()
+        assert "config.legacy" not in source and "flat_config" not in source, path
 
 
 def _readme_section(title):

@@ -32,6 +32,7 @@ from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.run_dir import RunDir, RunDirError
 from deep_nmt_tf.training import Runner, TrainingDiverged
 from deep_nmt_tf.training.health import HealthMonitor
+from config_trees import constant
 from test_decoding_helpers import TINY
 from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config
 
@@ -349,7 +350,7 @@ def test_loss_explosion_warning(caplog, case, losses, factor, warn_steps):
 
 def test_exploding_learning_rate_is_warned_about_in_training(tmp_path, caplog):
     config = tiny_config(NO_DROPOUT, train_steps=4, checkpoint_every=100, log_every=1,
-                         learning_rate=30.0, max_consecutive_skipped=0)
+                         schedule=constant(30.0), max_consecutive_skipped=0)
     with caplog.at_level(logging.WARNING, logger="absl"):
         Runner(config, str(tmp_path / "run"), trainer=make_trainer_class(make_batches(4))).run()
     assert "the loss is exploding" in _messages(caplog)

@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
     import keras
     import numpy as np
 
+    from config_trees import constant
     from deep_nmt_tf.training import Runner, make_strategy
     from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class,
                                        optimizer_state, tiny_config, weights)
@@ -46,7 +47,7 @@ SCRIPT = textwrap.dedent("""
 
     # 2. The trainer: one global batch per update, default strategy vs two replicas.
     batches = make_batches(4, batch_size=8, seed=21)
-    common = dict(train_steps=2, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=1,
+    common = dict(train_steps=2, adam_epsilon=1.0, schedule=constant(0.5), checkpoint_every=1,
                   clip_norm=0.3, weight_decay=1e-3)
 
     runners = {{}}

@@ -10,18 +10,21 @@ import pytest
 import tensorflow as tf
 
 from deep_nmt_tf.config import ConfigError
-from test_training_helpers import NO_DROPOUT, ROOT, make_batches, make_trainer_class, tiny_config
+from config_trees import architecture, constant, merge
+from test_training_helpers import ROOT, make_batches, make_trainer_class, tiny_config
 
-RNMT = {"encoder_units": 8, "decoder_units": 16, "attention_heads": 2, "attention_dim": 16}
-
-
-def _model(architecture, **keys):
-    model = dict(architecture=architecture, tie_source_target_embeddings=False,
-                 tie_softmax_embeddings=architecture == "rnmt_transformer", rnmt=dict(RNMT),
-                 hybrid={"cascade_layers": 1, "columns": ["rnmt_plus", "transformer"]},
-                 encoder_layers=2, **NO_DROPOUT)
-    model.update(keys)
-    return model
+def _model(name, encoder_layers=2, encoder_units=8):
+    """A tiny model of architecture ``name`` without dropout (RNMT+ decoder: 16 units, 2
+    attention heads of 8 dimensions; a cascade's Transformer stage: 1 layer)."""
+    transformer = {"num_heads": 2, "ffn_dim": 32, "input_dropout": 0.0, "residual_dropout": 0.0}
+    rnmt = {"embedding_dropout": 0.0, "dropout": 0.0}
+    encoder = {"transformer": dict(transformer, num_layers=encoder_layers),
+               "rnmt_plus": dict(rnmt, num_layers=encoder_layers, units=encoder_units)}
+    decoder = {"transformer": dict(transformer, num_layers=1,
+                                   tie_softmax=name == "rnmt_transformer"),
+               "rnmt_plus": dict(rnmt, num_layers=1, units=16, attention_dropout=0.0,
+                                 attention_heads=2, attention_dim=16)}
+    return merge({"tie_source_target_embeddings": False}, architecture(name, encoder, decoder))
 
 
 def _losses(runner):
@@ -40,8 +43,8 @@ def _runner(cfg, model_dir, cls=None):
 # multi-column hybrid on the demo corpus in the export test at the end.
 @pytest.mark.parametrize("architecture", ["transformer_rnmt", "rnmt_transformer"])
 def test_hybrid_trains_with_falling_loss(tmp_path, architecture):
-    cfg = tiny_config(_model(architecture, encoder_layers=1), train_steps=12, learning_rate=1e-2,
-                      checkpoint_every=100)
+    cfg = tiny_config(_model(architecture, encoder_layers=1), train_steps=12,
+                      schedule=constant(1e-2), checkpoint_every=100)
     cls = make_trainer_class(make_batches(2, batch_size=8, seed=1))
     losses = _losses(_runner(cfg, str(tmp_path), cls))
     assert np.isfinite(losses).all(), losses
@@ -71,7 +74,7 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
         f"model/variables/{index[id(v)]}/.ATTRIBUTES/VARIABLE_VALUE")
         for v in source.model.encoder.weights}
 
-    cfg = tiny_config(_model("cascaded"), train_steps=12, learning_rate=1e-2,
+    cfg = tiny_config(_model("cascaded"), train_steps=12, schedule=constant(1e-2),
                       checkpoint_every=100,
                       warm_start={"checkpoint": source_dir, "source": "encoder",
                                   "target": "encoder/stages/0"},
@@ -114,7 +117,7 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
 
 def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
     source_dir, _ = source_run
-    bad = _model("cascaded", rnmt=dict(RNMT, encoder_units=4), encoder_layers=3)
+    bad = _model("cascaded", encoder_layers=3, encoder_units=4)
     cfg = tiny_config(bad, warm_start={"checkpoint": source_dir, "source": "encoder",
                                        "target": "encoder/stages/0"})
     with pytest.raises(ConfigError) as e:

@@ -28,9 +28,10 @@ import time
 import numpy as np
 import pytest
 
+from config_trees import constant
 from test_training_helpers import HERE, ROOT, NO_DROPOUT, make_batches, make_trainer_class
 
-COMMON = dict(adam_epsilon=1.0, learning_rate=0.5, clip_norm=0.3, checkpoint_every=2,
+COMMON = dict(adam_epsilon=1.0, schedule=constant(0.5), clip_norm=0.3, checkpoint_every=2,
               log_every=2, keep_checkpoints=5)
 COMPARE_AT = 4
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 from deep_nmt_tf import checkpointing
 from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.models import build_model
+from config_trees import architecture, constant, merge
 from deep_nmt_tf.training import Runner
 from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config, weights
 
@@ -25,7 +26,7 @@ def test_precision_key_is_checked():
 
 
 def test_mixed_bfloat16_trains_and_checkpoints_load_under_any_precision(tmp_path):
-    runner = _runner(tmp_path, train_steps=20, learning_rate=1e-2, checkpoint_every=20,
+    runner = _runner(tmp_path, train_steps=20, schedule=constant(1e-2), checkpoint_every=20,
                      eval_every=20, precision="mixed_bfloat16")
     trainer = runner.trainer
     assert trainer.model.dtype_policy.name == "mixed_bfloat16"
@@ -110,17 +111,17 @@ def test_float16_gradients_match_float32(tmp_path):
     np.testing.assert_allclose(norms["mixed_float16"], norms["float32"], rtol=2e-2)
 
 
-RNMT = {"encoder_units": 8, "decoder_units": 8, "attention_heads": 2, "attention_dim": 16,
-        "dropout": 0.0, "embedding_dropout": 0.0, "attention_dropout": 0.0}
-ARCHITECTURES = {
-    "transformer": {},
-    "rnmt_plus": {"architecture": "rnmt_plus", "rnmt": RNMT},
-    "transformer_rnmt": {"architecture": "transformer_rnmt", "rnmt": RNMT},
-    "rnmt_transformer": {"architecture": "rnmt_transformer", "rnmt": RNMT},
-    "cascaded": {"architecture": "cascaded", "rnmt": RNMT, "hybrid": {"cascade_layers": 1}},
-    "multi_column": {"architecture": "multi_column", "rnmt": RNMT,
-                     "hybrid": {"columns": ["rnmt_plus", "transformer"]}},
-}
+RNMT = {"num_layers": 1, "units": 8, "embedding_dropout": 0.0, "dropout": 0.0}
+TRANSFORMER = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "input_dropout": 0.0,
+               "residual_dropout": 0.0}
+ENCODER = {"transformer": TRANSFORMER, "rnmt_plus": RNMT}
+DECODER = {"transformer": dict(TRANSFORMER, tie_softmax=False),
+           "rnmt_plus": dict(RNMT, attention_dropout=0.0, attention_heads=2, attention_dim=16)}
+#: Every architecture, untied, without dropout (the cascade's second stage: 1 layer).
+ARCHITECTURES = {name: merge({"tie_source_target_embeddings": False},
+                             architecture(name, ENCODER, DECODER))
+                 for name in ("transformer", "rnmt_plus", "transformer_rnmt",
+                              "rnmt_transformer", "cascaded", "multi_column")}
 
 
 @pytest.mark.slow
@@ -128,8 +129,7 @@ ARCHITECTURES = {
 def test_every_architecture_trains_under_xla_in_bfloat16(architecture, tmp_path):
     """One training step compiled with XLA (jit_compile) in mixed_bfloat16 gives the loss and
     the update of the uncompiled step (no dropout, same initial weights)."""
-    model = dict(NO_DROPOUT, tie_source_target_embeddings=False, tie_softmax_embeddings=False,
-                 **ARCHITECTURES[architecture])
+    model = merge(NO_DROPOUT, ARCHITECTURES[architecture])
     results = {}
     for jit in (False, True):
         runner = _runner(tmp_path / str(jit), model, train_steps=1, jit_compile=jit,

@@ -15,7 +15,7 @@ from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.models import build_model
 from deep_nmt_tf.task import schedules
 from deep_nmt_tf.training import Runner, optimizers
-from flat_config import flat_config
+from config_trees import config, constant
 from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
 from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 from test_training_helpers import ROOT, make_batches, make_trainer_class, run_python, weights
@@ -62,17 +62,24 @@ def test_paper_configs_build_with_published_parameter_counts(name, millions):
 # --------------------------------------------------------------------------------------------
 
 
-def _rnmt_config(model=None, **training):
-    model_keys = dict(architecture="rnmt_plus", vocab_size=24, d_model=16, encoder_layers=2,
-                      decoder_layers=3, input_dropout=0.0, residual_dropout=0.0,
-                      attention_dropout=0.0, tie_source_target_embeddings=False,
-                      tie_softmax_embeddings=False,
-                      rnmt={"encoder_units": 8, "decoder_units": 16, "attention_heads": 2})
-    model_keys.update(model or {})
-    train = dict(train_steps=6, learning_rate=3e-3, schedule="constant", warmup_steps=0,
-                 log_every=1, checkpoint_every=100, eval_every=0, label_smoothing=0.1, seed=7)
+#: A tiny RNMT+ (2 + 3 layers, no dropout), in the current layout.
+RNMT_MODEL = {"vocab_size": 24, "d_model": 16, "tie_source_target_embeddings": False,
+              "encoder": {"type": "rnmt_plus", "rnmt_plus": {
+                  "num_layers": 2, "units": 8, "embedding_dropout": 0.0, "dropout": 0.0}},
+              "decoder": {"type": "rnmt_plus", "rnmt_plus": {
+                  "num_layers": 3, "units": 16, "embedding_dropout": 0.0, "dropout": 0.0,
+                  "attention_dropout": 0.0, "attention_heads": 2}}}
+
+
+def _rnmt_config(**training):
+    train = dict(train_steps=6, schedule=constant(3e-3), log_every=1, checkpoint_every=100,
+                 eval_every=0, label_smoothing=0.1, seed=7)
     train.update(training)
-    return flat_config(model_keys, train, decoding={"max_length_a": 1.0, "max_length_b": 3})
+    return config(RNMT_MODEL, train, decoding={"max_length_a": 1.0, "max_length_b": 3})
+
+
+def _rnmt_plus(**options):
+    return {"type": "rnmt_plus", "rnmt_plus": options}
 
 
 def eq1_with_floor(t, n, p, s, e, base=1e-4, floor=5e-5):
@@ -82,8 +89,9 @@ def eq1_with_floor(t, n, p, s, e, base=1e-4, floor=5e-5):
 
 
 def test_rnmt_plus_schedule_from_config_matches_eq1():
-    cfg = _rnmt_config(schedule="rnmt_plus", learning_rate=1e-4, warmup_steps=500,
-                       decay_start=600000, decay_end=1200000, min_learning_rate=5e-5)
+    cfg = _rnmt_config(schedule=_rnmt_plus(learning_rate=1e-4, warmup_steps=500,
+                                           decay_start=600000, decay_end=1200000,
+                                           min_learning_rate=5e-5))
     n = 16
     sched = schedules.build_schedule(cfg, num_replicas=n)
     assert isinstance(sched, RNMTPlusSchedule) and sched.num_replicas == n
@@ -93,13 +101,14 @@ def test_rnmt_plus_schedule_from_config_matches_eq1():
     assert float(sched(20000)) == pytest.approx(n * 1e-4)                 # plateau
     assert float(sched(10 ** 6)) == pytest.approx(5e-5)                   # floor
     # Every key takes effect: the floor and the base rate.
-    cfg2 = _rnmt_config(schedule="rnmt_plus", learning_rate=2e-4, warmup_steps=10,
-                        decay_start=100, decay_end=300, min_learning_rate=1e-5)
+    cfg2 = _rnmt_config(schedule=_rnmt_plus(learning_rate=2e-4, warmup_steps=10,
+                                            decay_start=100, decay_end=300,
+                                            min_learning_rate=1e-5))
     sched2 = schedules.build_schedule(cfg2, num_replicas=1)
     assert float(sched2(0)) == pytest.approx(2e-4)
     assert float(sched2(10 ** 5)) == pytest.approx(1e-5)
     with pytest.raises(ConfigError, match="training.schedule.rnmt_plus.decay_end"):
-        _rnmt_config(schedule="rnmt_plus", decay_start=100, decay_end=100)
+        _rnmt_config(schedule=_rnmt_plus(decay_start=100, decay_end=100))
 
 
 def test_adaptive_clipping_transform_from_config():

@@ -13,6 +13,7 @@ from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.decoding.search import search
 from deep_nmt_tf.training import Runner, metrics, optimizers
 from deep_nmt_tf.task import losses as losses_lib
+from config_trees import constant, merge, stacks
 from test_training_helpers import (NO_DROPOUT, copy_batch, make_batches, make_trainer_class,
                                    optimizer_state, run_python, split_batch, tiny_config,
                                    weights)
@@ -24,7 +25,7 @@ def trained(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("trained"))
     cls = make_trainer_class(make_batches(6, batch_size=16))
     runner = Runner(tiny_config(train_steps=30, eval_every=15, log_every=10, checkpoint_every=10,
-                                keep_checkpoints=2, learning_rate=1e-2, clip_norm=5.0,
+                                keep_checkpoints=2, schedule=constant(1e-2), clip_norm=5.0,
                                 adaptive_clipping={"enabled": True}), model_dir, trainer=cls)
     before = runner.evaluate(write_summaries=False)
     logs = runner.run()
@@ -112,7 +113,7 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     """2 accumulated micro-batches == 1 batch of their union (per-token normalisation)."""
     batches = make_batches(3, batch_size=8, seed=3)
     # Large Adam epsilon: the update is smooth in the gradient, so float round-off stays tiny.
-    common = dict(train_steps=3, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=100,
+    common = dict(train_steps=3, adam_epsilon=1.0, schedule=constant(0.5), checkpoint_every=100,
                   weight_decay=1e-3, clip_norm=0.5)
     one = Runner(tiny_config(NO_DROPOUT, **common), str(tmp_path / "one"),
                  trainer=make_trainer_class(batches, split=1))
@@ -137,7 +138,7 @@ def test_static_shapes_step_equals_the_dynamic_one(tmp_path):
     accumulated into the same updates as the one-function step."""
     rng = np.random.RandomState(3)  # Six batch sizes: six shapes per traced function.
     batches = [copy_batch(rng, size) for size in (4, 6, 8, 10, 12, 14)]
-    common = dict(train_steps=6, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=100,
+    common = dict(train_steps=6, adam_epsilon=1.0, schedule=constant(0.5), checkpoint_every=100,
                   gradient_accumulation_steps=2)
     cls = make_trainer_class(batches, split=2)
     records = []
@@ -271,10 +272,10 @@ def test_changed_model_config_is_refused(tmp_path):
            checkpoint_iterator=True).run()
     with pytest.raises(ConfigError,
                        match=r"model\.d_model: 16 -> 32.*transformer\.ffn_dim: 32 -> 64"):
-        Runner(tiny_config({"d_model": 32, "ffn_dim": 64}, train_steps=2), str(tmp_path),
-               trainer=cls)
+        Runner(tiny_config(merge({"d_model": 32}, stacks({"ffn_dim": 64})), train_steps=2),
+               str(tmp_path), trainer=cls)
     # Training keys may change: continue to step 2.
-    runner = Runner(tiny_config(train_steps=2, learning_rate=1e-3), str(tmp_path), trainer=cls,
+    runner = Runner(tiny_config(train_steps=2, schedule=constant(1e-3)), str(tmp_path), trainer=cls,
                     checkpoint_iterator=True)
     trainer = runner.trainer
     assert int(trainer.step.numpy()) == 1
@@ -289,8 +290,9 @@ def test_changed_model_config_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):
-    deep = dict(NO_DROPOUT, encoder_layers=2, transparent_attention={"enabled": True},
-                dlcl={"decoder": True}, lexical_shortcuts={"enabled": True})
+    deep = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},
+                 stacks({"lexical_shortcuts": {"enabled": True}}, encoder={"num_layers": 2},
+                        decoder={"dlcl": {"enabled": True}}))
     cls = make_trainer_class()
     runner = Runner(tiny_config(deep, train_steps=1, grad_norm_ratio_every=1, eval_every=1),
                     str(tmp_path / "diag"), trainer=cls)
