@@ -33,6 +33,7 @@ from absl import logging
 
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore, format_of
 from deep_nmt_tf.config import Config
+from deep_nmt_tf.constants import PAD_ID
 from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.export.module import TranslationModule, prepare_source, resolve_jit_compile
 from deep_nmt_tf.inference.searches import Searches
@@ -126,12 +127,25 @@ def load_run(model_dir: str, checkpoint: Optional[str] = None, overrides: Sequen
 
 @functools.lru_cache(maxsize=8)
 def _source_preparation(vocab_size: int, max_input_length: int, pad_to_multiple: int):
-    """:func:`~deep_nmt_tf.export.module.prepare_source` compiled for ragged int32 rows (traced
-    once per setting: the host batches with the export module's own pre-processing)."""
-    return tf.function(
-        lambda tokens: prepare_source(tokens, vocab_size, max_input_length, pad_to_multiple),
-        input_signature=[tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1)],
-        autograph=False)
+    """:func:`~deep_nmt_tf.export.module.prepare_source` compiled for rows of token ids packed
+    into a ``[B, W]`` int32 array, right-padded with ``<pad>`` (as the ``translate_ids``
+    signature takes them; traced once per setting): the host batches with the export module's
+    own pre-processing."""
+    def prepare(packed):
+        tokens = tf.RaggedTensor.from_tensor(packed, padding=PAD_ID)
+        return prepare_source(tokens, vocab_size, max_input_length, pad_to_multiple)
+
+    return tf.function(prepare, input_signature=[tf.TensorSpec([None, None], tf.int32)],
+                       autograph=False)
+
+
+def _pack(rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Token-id rows as one ``[B, W]`` int32 array right-padded with ``<pad>`` (at least one
+    column)."""
+    packed = np.full((len(rows), max([len(r) for r in rows] + [1])), PAD_ID, np.int32)
+    for i, row in enumerate(rows):
+        packed[i, :len(row)] = row
+    return packed
 
 
 class Translator:
@@ -246,30 +260,27 @@ class Translator:
         return {k: v.numpy() for k, v in out.items()}
 
     # -- host-side batching -------------------------------------------------------------
-    def _tokenize(self, sentences: Sequence[str], chunk_size: int = 1024) -> tf.RaggedTensor:
-        """Token ids of each sentence (no ``</s>``), ragged ``[N, (n)]`` int32."""
-        parts = [tf.cast(self.tokenizer.tokenize(tf.constant(list(sentences[i:i + chunk_size]),
-                                                             tf.string)), tf.int32)
-                 for i in range(0, len(sentences), chunk_size)]
-        if not parts:
-            return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32),
-                                                    tf.zeros([0], tf.int64))
-        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+    def _tokenize(self, sentences: Sequence[str], chunk_size: int = 1024) -> List[np.ndarray]:
+        """Token ids of each sentence (no ``</s>``), one int32 array each."""
+        out: List[np.ndarray] = []
+        for i in range(0, len(sentences), chunk_size):
+            ragged = self.tokenizer.tokenize(tf.constant(list(sentences[i:i + chunk_size]),
+                                                         tf.string))
+            values = ragged.flat_values.numpy().astype(np.int32)
+            splits = ragged.row_splits.numpy()
+            out.extend(values[a:b] for a, b in zip(splits[:-1], splits[1:]))
+        return out
 
     def tokenize(self, sentences: Sequence[str], chunk_size: int = 1024) -> List[List[int]]:
         """Token ids of each sentence (no ``</s>``)."""
-        return self._tokenize(sentences, chunk_size).to_list()
+        return [row.tolist() for row in self._tokenize(sentences, chunk_size)]
 
-    def _prepare(self, tokens: tf.RaggedTensor) -> tf.Tensor:
-        """The export module's source preparation of ragged token ids, without the model."""
+    def _prepare_rows(self, rows: Sequence) -> tf.Tensor:
+        """The export module's source preparation of token-id rows, without the model."""
         prepare = _source_preparation(self.config.model.vocab_size,
                                       self.config.decoding.max_input_length,
                                       max(1, int(self.pad_to_multiple)))
-        return prepare(tf.cast(tokens, tf.int32))
-
-    def _prepare_rows(self, rows: List[List[int]]) -> tf.Tensor:
-        """:meth:`_prepare` of token-id lists."""
-        return self._prepare(tf.ragged.constant(rows, dtype=tf.int32, ragged_rank=1))
+        return prepare(tf.constant(_pack([np.asarray(r, np.int32) for r in rows])))
 
     def search_options(self, beam_size: Optional[int] = None,
                        length_penalty: Optional[float] = None, n_best: Optional[int] = None,
@@ -311,13 +322,12 @@ class Translator:
         n_best = options.n_best
         sentences = list(sentences)
         tokens = self._tokenize(sentences)
-        lengths = tokens.row_lengths().numpy().tolist()
-        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-        results: List[Optional[List[Hypothesis]]] = [None] * len(lengths)
+        order = sorted(range(len(tokens)), key=lambda i: (len(tokens[i]), i))
+        results: List[Optional[List[Hypothesis]]] = [None] * len(tokens)
         done = 0
         for start in range(0, len(order), batch_size):
             index = order[start:start + batch_size]
-            source_ids = self._prepare(tf.gather(tokens, index))
+            source_ids = self._prepare_rows([tokens[i] for i in index])
             out = self.searches.run(source_ids, options)
             ids = out["ids"].numpy()[:, :n_best]
             scores = out["scores"].numpy()[:, :n_best]
@@ -331,7 +341,7 @@ class Translator:
                               for k in range(ids.shape[1])]
             done += len(index)
             if progress is not None:
-                progress(done, len(lengths))
+                progress(done, len(tokens))
         return results  # type: ignore[return-value]
 
     def translate_chunks(self, sentences: Sequence[str], chunk_size: Optional[int] = None,
