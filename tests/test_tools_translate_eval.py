@@ -189,14 +189,14 @@ def test_average_checkpoints(translator, tmp_path):
     import tensorflow as tf
 
     from deep_nmt_tf.inference import Translator
-    from deep_nmt_tf.checkpoints import CheckpointStore
+    from deep_nmt_tf.checkpoints.averaging import average_checkpoints
     from deep_nmt_tf.checkpointing import list_checkpoints
     from deep_nmt_tf.checkpointing import restore_model_weights as restore_model
     from deep_nmt_tf.models import build_model
 
     model_dir = os.path.dirname(translator.checkpoint_path)
     out_dir = str(tmp_path / "avg")
-    path = CheckpointStore(model_dir).average(out_dir, last=2)
+    path = average_checkpoints(model_dir, out_dir, last=2)
     assert os.path.basename(path) == f"ckpt-{STEPS[-1]}"
     assert tf.train.latest_checkpoint(out_dir) == path
     last_two = list_checkpoints(model_dir)[-2:]

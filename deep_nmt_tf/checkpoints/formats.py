@@ -55,6 +55,10 @@ class CheckpointFormat:
         missing or damaged)."""
         raise NotImplementedError
 
+    def main_file(self, path: str) -> str:
+        """The file whose presence means the checkpoint exists."""
+        return path
+
     def exists(self, path: str) -> bool:
         """Whether the checkpoint's main file is there."""
         raise NotImplementedError
@@ -85,10 +89,13 @@ class TFCheckpoints(CheckpointFormat):
 
         return find_checkpoints(run_dir.path)
 
+    def main_file(self, path: str) -> str:
+        return path + ".index"
+
     def exists(self, path: str) -> bool:
         import tensorflow as tf
 
-        return tf.io.gfile.exists(path + ".index")
+        return tf.io.gfile.exists(self.main_file(path))
 
     def problem(self, path: str) -> Optional[str]:
         from deep_nmt_tf.checkpointing import checkpoint_problem

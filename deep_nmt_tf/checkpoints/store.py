@@ -149,8 +149,8 @@ class CheckpointStore:
         if not fmt.exists(spec):
             store = CheckpointStore.of(spec)
             known = ", ".join(os.path.basename(p) for p in store.list()) or "none"
-            raise FileNotFoundError(f"{spec}: no such checkpoint (checkpoints in "
-                                    f"{store.directory}: {known})")
+            raise FileNotFoundError(f"{spec}: no such checkpoint ({fmt.main_file(spec)} not "
+                                    f"found; checkpoints in {store.directory}: {known})")
         problem = fmt.problem(spec)
         if problem:
             raise CheckpointError(f"checkpoint {spec} cannot be read: {problem}")
