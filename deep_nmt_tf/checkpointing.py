@@ -1,4 +1,9 @@
-"""The checkpoint format: what a checkpoint holds, and reading and writing it (TensorFlow).
+"""The ``ckpt-N`` checkpoint format of the custom loop: what a checkpoint holds, and reading,
+checking and writing it (TensorFlow).
+
+This is one of the two formats of a run directory's checkpoint store
+(:class:`deep_nmt_tf.checkpoints.CheckpointStore`, which lists, chooses, resolves and restores
+checkpoints of both kinds; the other is ``fit``'s ``ckpt-N.weights.h5``).
 
 Layout: ``model/variables/<i>`` holds ``model.variables[i]`` (every variable of the model in
 Keras' deterministic order: trainable weights, non-trainable ones and the dropout
@@ -9,9 +14,10 @@ the ``tf.data`` iterator (``data_iterator``).  ``tf.train.Checkpoint(model=keras
 not used because Keras 3 models do not expose all their sub-layers and seed generators to
 TensorFlow's object graph (only some weights would be saved).
 
-Inference code loads weights with :func:`restore_model_weights` (training and model-only
-checkpoints alike; a checkpoint of another model is refused naming the first variable that does
-not fit) and writes model-only checkpoints (averaging) with :func:`model_checkpoint`.
+:func:`restore_model_weights` loads the model weights of one checkpoint (training and
+model-only checkpoints alike; a checkpoint of another model is refused naming the first
+variable that does not fit); :func:`model_checkpoint` writes model-only checkpoints
+(averaging).
 Checkpoints are named ``ckpt-N`` (``N`` = step) and listed in the directory's ``checkpoint``
 file (``tf.train.CheckpointManager``).  Where a run directory keeps them is
 :mod:`deep_nmt_tf.run_dir`'s business.
@@ -20,14 +26,12 @@ Damaged checkpoints.  :func:`find_checkpoints` lists the checkpoints of a direct
 ``checkpoint`` file *and* from the ``ckpt-N.index`` files present (the ``checkpoint`` file may
 be empty, unreadable or name files that are gone); :func:`checkpoint_problem` tells what is
 wrong with one (missing ``.index`` or ``.data`` files, an index that does not parse, a truncated
-data file or a checksum mismatch: every tensor is read); :func:`newest_valid_checkpoint` gives
-the newest one without a problem and the ones it skipped.  A resumed training run
-(:meth:`CheckpointSaver.restore_latest`) starts from that one with a WARNING naming each skipped
-file, renames the skipped checkpoints' files to ``<file>.unreadable`` (kept, never deleted) and
-rewrites the ``checkpoint`` file to list only the valid checkpoints up to the resumed one, so
-that the rotation of ``tf.train.CheckpointManager`` never deletes a checkpoint newer than the
-one it resumed from.  When checkpoint files exist but none is valid it refuses to start
-(:class:`CheckpointError`, naming them) unless asked to start over.
+data file or a checksum mismatch: every tensor is read).  The store picks the newest checkpoint
+without a problem (skipping the others with a WARNING); a resumed training run starts from it,
+the skipped checkpoints' files renamed to ``<file>.unreadable`` (kept, never deleted:
+:func:`set_aside`), and :meth:`CheckpointSaver.restore` rewrites the ``checkpoint`` file to list
+only the valid checkpoints up to the resumed one, so that the rotation of
+``tf.train.CheckpointManager`` never deletes a checkpoint newer than the one it resumed from.
 
 Under ``MultiWorkerMirroredStrategy`` every worker must take part in saving; non-chief workers
 write to a temporary directory that is deleted afterwards (the ``tf.distribute`` recipe,
@@ -42,26 +46,22 @@ import os
 import re
 import shutil
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf.run_dir import (CHECKPOINT_PREFIX, CHECKPOINT_STATE_FILENAME, UNREADABLE_SUFFIX,
+                                 CheckpointError, checkpoint_step, set_aside_files)
+
 __all__ = ["CheckpointError", "model_trackable", "model_checkpoint", "restore_model_weights",
-           "resolve_checkpoint", "model_variable_key", "check_model_checkpoint",
-           "checkpoint_step", "latest_checkpoint", "list_checkpoints",
-           "find_checkpoints", "checkpoint_files", "checkpoint_problem",
-           "newest_valid_checkpoint", "resume_checkpoint", "has_object", "CheckpointSaver"]
+           "model_variable_key", "check_model_checkpoint", "checkpoint_step", "list_checkpoints",
+           "find_checkpoints", "checkpoint_files", "checkpoint_problem", "set_aside",
+           "has_object", "CheckpointSaver"]
 
-_STATE_FILE = "checkpoint"
-_PREFIX = "ckpt"
-#: Suffix given to the files of a checkpoint that cannot be read (they are kept).
-UNREADABLE_SUFFIX = ".unreadable"
+_STATE_FILE = CHECKPOINT_STATE_FILENAME
+_PREFIX = CHECKPOINT_PREFIX
 _MODEL_KEY = re.compile(r"^model/variables/(\d+)/\.ATTRIBUTES/VARIABLE_VALUE$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, damaged or does not fit the model (the message names it)."""
 
 
 def model_variable_key(index: int) -> str:
@@ -80,14 +80,6 @@ def model_checkpoint(model) -> tf.train.Checkpoint:
     :func:`restore_model_weights` reads it, as it reads the trainer's checkpoints.
     """
     return tf.train.Checkpoint(model=model_trackable(model))
-
-
-def checkpoint_step(path: str) -> int:
-    """``N`` of a ``.../ckpt-N`` prefix (-1 if the name has no number)."""
-    try:
-        return int(path.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
 
 
 def _first_line(error: BaseException) -> str:
@@ -160,47 +152,15 @@ def checkpoint_problem(path: str) -> Optional[str]:
     return None
 
 
-def newest_valid_checkpoint(directory: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """The newest checkpoint of ``directory`` that can be read, and the newer ones skipped.
-
-    Returns:
-      ``(path or None, [(skipped path, problem), ...])``, the skipped ones newest first (all of
-      them when none is valid).
-    """
-    skipped = []
-    for path in reversed(find_checkpoints(directory)):
-        problem = checkpoint_problem(path)
-        if problem is None:
-            return path, skipped
-        skipped.append((path, problem))
-    return None, skipped
-
-
-def latest_checkpoint(directory: str) -> Optional[str]:
-    """The newest checkpoint of ``directory`` that can be read, or None; each newer one that
-    cannot is skipped with a WARNING naming its problem."""
-    path, skipped = newest_valid_checkpoint(directory)
-    for bad, problem in skipped:
-        logging.warning("Skipping checkpoint %s: %s", bad, problem)
-    return path
-
-
 def list_checkpoints(directory: str) -> List[str]:
     """All checkpoints of ``directory`` whose ``.index`` exists, oldest first (by step)."""
     return [p for p in find_checkpoints(directory) if tf.io.gfile.exists(p + ".index")]
 
 
-def _set_aside(path: str) -> List[str]:
-    """Renames the files of a damaged checkpoint to ``<file>.unreadable`` (a free name)."""
-    moved = []
-    for name in checkpoint_files(path):
-        target, n = name + UNREADABLE_SUFFIX, 1
-        while os.path.exists(target):
-            n += 1
-            target = f"{name}{UNREADABLE_SUFFIX}-{n}"
-        os.replace(name, target)
-        moved.append(target)
-    return moved
+def set_aside(path: str) -> List[str]:
+    """Renames the files of a damaged checkpoint to ``<file>.unreadable`` (a free name);
+    returns the new names."""
+    return set_aside_files(checkpoint_files(path))
 
 
 def _write_state(directory: str, paths: Sequence[str]) -> None:
@@ -275,14 +235,15 @@ def restore_model_weights(model, checkpoint: str) -> str:
 
     Args:
       model: the model, built from the same ``model`` config as the checkpoint.
-      checkpoint: a checkpoint path (``MODEL_DIR/ckpt-N``) or a directory (its newest valid
-        one, :func:`latest_checkpoint`).
+      checkpoint: a checkpoint prefix (``MODEL_DIR/ckpt-N``).  (A run directory, or a
+        ``.weights.h5`` of ``fit``: :meth:`deep_nmt_tf.checkpoints.CheckpointStore.
+        restore_model`.)
 
     Returns:
       The checkpoint path read.
 
     Raises:
-      FileNotFoundError: no checkpoint there (the message lists the directory's checkpoints).
+      FileNotFoundError: no such checkpoint (the message lists the directory's checkpoints).
       CheckpointError: the checkpoint is damaged, or does not fit the model (naming the first
         variable that differs).
 
@@ -290,33 +251,11 @@ def restore_model_weights(model, checkpoint: str) -> str:
     model built with a half-precision inference policy (``bfloat16``/``float16`` variables,
     :func:`deep_nmt_tf.models.build_model`) gets them rounded to its variables' dtype.
     """
-    if os.fspath(checkpoint).endswith(".weights.h5"):  # Written by fit (deep_nmt_tf.fit).
-        return restore_keras_weights(model, checkpoint)
-    path = resolve_checkpoint(checkpoint)
-    rounded = any(v.dtype in ("bfloat16", "float16") for v in model.variables)
-    # Every model variable is there, same shape and dtype (float32 for a rounded one).
-    check_model_checkpoint(model, path, rounded=rounded)
-    if rounded:
-        _restore_cast(model, path)
-    else:
-        model_checkpoint(model).restore(path).expect_partial()
-    return path
-
-
-def resolve_checkpoint(checkpoint: str) -> str:
-    """The readable checkpoint that ``checkpoint`` names: a prefix (``MODEL_DIR/ckpt-N``) or a
-    directory (its newest valid one, :func:`latest_checkpoint`).
-
-    Raises:
-      FileNotFoundError: no checkpoint there (the message lists the directory's checkpoints).
-      CheckpointError: the checkpoint is damaged.
-    """
-    path = checkpoint
-    if tf.io.gfile.isdir(checkpoint):
-        path = latest_checkpoint(checkpoint)
-        if path is None:
-            raise FileNotFoundError(f"no checkpoint in {checkpoint}")
-    elif not tf.io.gfile.exists(path + ".index"):
+    path = os.fspath(checkpoint)
+    if not tf.io.gfile.exists(path + ".index"):
+        if tf.io.gfile.isdir(path):
+            raise FileNotFoundError(f"{path} is a directory, not a checkpoint (the store picks "
+                                    "one: deep_nmt_tf.checkpoints.CheckpointStore)")
         directory = os.path.dirname(path) or "."
         known = ", ".join(os.path.basename(p) for p in list_checkpoints(directory)) or "none"
         raise FileNotFoundError(f"{path}: no such checkpoint ({path}.index not found; "
@@ -324,6 +263,13 @@ def resolve_checkpoint(checkpoint: str) -> str:
     problem = checkpoint_problem(path)
     if problem:
         raise CheckpointError(f"checkpoint {path} cannot be read: {problem}")
+    rounded = any(v.dtype in ("bfloat16", "float16") for v in model.variables)
+    # Every model variable is there, same shape and dtype (float32 for a rounded one).
+    check_model_checkpoint(model, path, rounded=rounded)
+    if rounded:
+        _restore_cast(model, path)
+    else:
+        model_checkpoint(model).restore(path).expect_partial()
     return path
 
 
@@ -348,36 +294,10 @@ def has_object(checkpoint_path: str, name: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def resume_checkpoint(directory: str, start_over: bool = False
-                      ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """Which checkpoint a training run in ``directory`` resumes from; changes nothing.
-
-    Returns:
-      :func:`newest_valid_checkpoint`'s ``(path or None, skipped)``.
-
-    Raises:
-      CheckpointError: checkpoint files exist but none can be read, and not ``start_over``
-        (naming each file and its problem); or ``start_over`` although one can be read.
-    """
-    path, skipped = newest_valid_checkpoint(directory)
-    if path is not None and start_over:
-        raise CheckpointError(
-            f"{directory} has a valid checkpoint, {path}: --start_over only starts over in a "
-            "run directory whose checkpoints cannot be read; resume from it (drop "
-            "--start_over) or use a new --model_dir")
-    if skipped and path is None and not start_over:
-        listing = "; ".join(f"{bad}: {problem}" for bad, problem in skipped)
-        raise CheckpointError(
-            f"{directory} has checkpoints but none can be read ({listing}). Nothing was "
-            "changed. Restore the files, or pass --start_over (Trainer(start_over=True)) to "
-            f"train from step 0 (the unreadable files are kept, renamed *{UNREADABLE_SUFFIX})")
-    return path, skipped
-
-
-
 class CheckpointSaver:
-    """A ``tf.train.CheckpointManager`` that also works on non-chief workers, and resumes from
-    the newest valid checkpoint (module docstring).
+    """A ``tf.train.CheckpointManager`` that also works on non-chief workers, and restores the
+    resume point (module docstring); made by :meth:`deep_nmt_tf.checkpoints.CheckpointStore.
+    saver`.
 
     Args:
       checkpoint: the ``tf.train.Checkpoint`` (model, optimizer, counters ...).
@@ -402,60 +322,28 @@ class CheckpointSaver:
     def set_checkpoint(self, checkpoint: tf.train.Checkpoint) -> None:
         """Saves ``checkpoint`` from now on (e.g. the same objects plus the data iterator)."""
         self.checkpoint = checkpoint
-        self._manager = None  # Created at the first save (after restore_latest's repairs).
+        self._manager = None  # Created at the first save (after restore's repairs).
 
-    @property
-    def latest_checkpoint(self) -> Optional[str]:
-        """The newest checkpoint that the chief's ``checkpoint`` file names (or None)."""
-        listed = _listed_checkpoints(self.directory) if tf.io.gfile.isdir(
-            self.directory) else []
-        return max(listed, key=checkpoint_step) if listed else None
+    def restore(self, path: Optional[str]) -> Optional[str]:
+        """Restores checkpoint ``path``, the resume point the store chose
+        (:meth:`deep_nmt_tf.checkpoints.CheckpointStore.resume_point`; None: nothing to
+        restore); returns it.
 
-    def find_resume_checkpoint(self, start_over: bool = False,
-                               found: Optional[Tuple[Optional[str], list]] = None
-                               ) -> Optional[str]:
-        """The checkpoint a resumed run starts from: the newest valid one (module docstring).
-
-        The chief renames the skipped checkpoints' files (``.unreadable``) and rewrites the
-        ``checkpoint`` file; other workers only read.
-
-        Args:
-          start_over: start from step 0 when checkpoint files exist but none can be read.
-          found: :func:`resume_checkpoint`'s result, if it was called already.
-
-        Raises:
-          CheckpointError: see :func:`resume_checkpoint`.
+        First the chief rewrites the ``checkpoint`` file to list only the checkpoints present
+        up to ``path`` when it lists anything else (skipped, missing or newer ones), so that the
+        rotation never deletes a checkpoint newer than the resumed one; other workers only
+        read.  Every object of the checkpoint object must find its value (the model and
+        optimizer are built first), so a checkpoint of a different model fails loudly; values
+        saved for objects that do not exist yet (the data iterator) are left for later.
         """
-        path, skipped = found or resume_checkpoint(self.directory, start_over)
-        for bad, problem in skipped:
-            logging.warning("Skipping checkpoint %s: %s", bad, problem)
-        listed = {os.path.normpath(p) for p in _listed_checkpoints(self.directory)}
-        if self.chief and (skipped or (path is not None and path not in listed)):
-            for bad, _ in skipped:
-                for moved in _set_aside(bad):
-                    logging.warning("Kept the unreadable file as %s", moved)
-            keep = [] if path is None else [
-                p for p in find_checkpoints(self.directory)
-                if checkpoint_step(p) <= checkpoint_step(path) and
-                tf.io.gfile.exists(p + ".index")]
-            _write_state(self.directory, keep)
-        if skipped and path is not None:
-            logging.warning("Resuming from %s, the newest checkpoint that can be read", path)
-        elif skipped:
-            logging.warning("Starting over from step 0 in %s (--start_over)", self.directory)
-        return path
-
-    def restore_latest(self, start_over: bool = False,
-                       found: Optional[Tuple[Optional[str], list]] = None) -> Optional[str]:
-        """Restores the newest valid checkpoint of ``directory`` if there is one (see
-        :meth:`find_resume_checkpoint`); returns its path.
-
-        Every object of the checkpoint object must find its value (the model and optimizer are
-        built first), so a checkpoint of a different model fails loudly; values saved for
-        objects that do not exist yet (the data iterator) are left for later.
-        """
-        path = self.find_resume_checkpoint(start_over, found)
         self.restored = path
+        if self.chief:
+            listed = {os.path.normpath(p) for p in _listed_checkpoints(self.directory)}
+            keep = [] if path is None else [
+                p for p in list_checkpoints(self.directory)
+                if checkpoint_step(p) <= checkpoint_step(path)]
+            if listed != {os.path.normpath(p) for p in keep}:
+                _write_state(self.directory, keep)
         if path is None:
             return None
         status = self.checkpoint.restore(path)
@@ -479,28 +367,3 @@ class CheckpointSaver:
             shutil.rmtree(self._write_directory, ignore_errors=True)
             return None
         return path
-
-
-# ---------------------------------------------------------------------------------------------
-# Weights written by Keras' fit (deep_nmt_tf.fit): MODEL_DIR/ckpt-N.weights.h5
-# ---------------------------------------------------------------------------------------------
-
-
-def restore_keras_weights(model, path: str) -> str:
-    """Loads the model weights of a ``ckpt-N.weights.h5`` that ``fit`` wrote (on any backend).
-
-    The file is Keras' ``save_weights`` format: the model's weights by layer path (and, from a
-    training run, the optimizer's, which are ignored here).  :func:`restore_model_weights`
-    calls this for paths ending in ``.weights.h5``, so every tool reads such a run directory
-    as it reads a ``ckpt-N`` (:meth:`deep_nmt_tf.run_dir.RunDir.latest_checkpoint` gives the
-    newer of the two kinds).  The dropout seed states are not in the file (inference does not
-    use them).
-
-    Raises:
-      FileNotFoundError: no such file.
-      ValueError: the file does not fit the model (another model config).
-    """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such weights file")
-    model.load_weights(path)
-    return path

@@ -68,7 +68,7 @@ PRECISION_FLAG: FlagDefinition = (
     "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).")
 
 #: ``--jit_compile`` of the inference tools (translate, evaluate, export); unset (None) lets
-#: :func:`deep_nmt_tf.export.translator.default_jit_compile` choose.
+#: :func:`deep_nmt_tf.export.module.default_jit_compile` choose.
 JIT_COMPILE_FLAG: FlagDefinition = (
     flags.DEFINE_bool, "jit_compile", None,
     "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "

@@ -1,9 +1,12 @@
-"""Progress for people: a live bar on a terminal, the ETA in the periodic log lines.
+"""Progress for people: a live bar on a terminal, throughput and the ETA in the periodic log
+lines.
 
-Both training routes use it: the custom loop's ``log`` action
+Both training routes use it, the one logger of both: the custom loop's ``log`` action
 (:mod:`deep_nmt_tf.training.runner`) and ``fit``'s :class:`deep_nmt_tf.fit.callbacks.
-ProgressLogger`.  On a terminal (``stderr`` is a TTY) :class:`Progress` redraws one line after
-every step, at most a few times a second::
+ProgressLogger` count their tokens and time in a :class:`LogWindow` (tokens per second of
+training time, other work left out) and write their periodic line with
+:meth:`Progress.log_line` (``step N/LAST: ..., ETA ...``).  On a terminal (``stderr`` is a
+TTY) :class:`Progress` redraws one line after every step, at most a few times a second::
 
     step 420/1500 [######--------------]  28% | loss 3.412 | 17,350 tok/s | ETA 1m02s
 
@@ -20,9 +23,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Optional, TextIO
+from typing import Dict, Optional, Sequence, TextIO
 
-__all__ = ["format_duration", "Progress", "ProgressBar"]
+__all__ = ["format_duration", "LogWindow", "Progress", "ProgressBar"]
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -37,6 +40,55 @@ def format_duration(seconds: Optional[float]) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+class LogWindow:
+    """What a route counted between two periodic log lines: summed counts, the mean gradient
+    norm of the applied updates and the tokens per second of training time.
+
+    Args:
+      sum_keys: the entries of each step's values that are added up (the others: the last
+        value is kept).
+      token_keys: the summed entries that count tokens (tokens per second).
+    """
+
+    def __init__(self, sum_keys: Sequence[str] = ("num_tokens", "source_tokens"),
+                 token_keys: Sequence[str] = ("num_tokens", "source_tokens")):
+        self.sum_keys = tuple(sum_keys)
+        self.token_keys = tuple(token_keys)
+        self.sums = {k: 0.0 for k in self.sum_keys}
+        self.norm_sum, self.applied, self.skipped = 0.0, 0, 0
+        self.last: Dict[str, float] = {}
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Leaves time spent on other work (checkpoints, evaluation) out of tokens/s."""
+        self.excluded += seconds
+
+    def add(self, values: Dict[str, float]) -> None:
+        """Adds one step's values (``skipped``/``grad_norm``, when given, count the applied
+        updates and their mean norm)."""
+        for k in self.sum_keys:
+            self.sums[k] += values.get(k, 0.0)
+        if values.get("skipped"):
+            self.skipped += 1
+        elif "grad_norm" in values:
+            self.norm_sum += values["grad_norm"]
+            self.applied += 1
+        self.last = dict(values)
+
+    def elapsed(self) -> float:
+        """Training time in the window (seconds, other work excluded)."""
+        return max(time.perf_counter() - self.start - self.excluded, 1e-9)
+
+    def tokens_per_second(self) -> float:
+        """Tokens (``token_keys``) per second of training time in the window."""
+        return sum(self.sums[k] for k in self.token_keys) / self.elapsed()
+
+    def mean_grad_norm(self) -> float:
+        """Mean gradient norm of the applied updates (0 without any)."""
+        return self.norm_sum / max(self.applied, 1)
 
 
 class _ClearBar(logging.Filter):
@@ -101,6 +153,12 @@ class Progress:
     def eta(self, step: int) -> str:
         """:meth:`eta_seconds` formatted (``"4m05s"``)."""
         return format_duration(self.eta_seconds(step))
+
+    def log_line(self, step: int, parts: Sequence[str]) -> str:
+        """The periodic log line of both routes: ``step 420/1500: PART, PART, ..., ETA 1m02s``
+        (the ETA from :meth:`eta`)."""
+        return f"step {step}/{self.last_step}: " + ", ".join(list(parts) +
+                                                            [f"ETA {self.eta(step)}"])
 
     def line(self, step: int, loss: Optional[float] = None,
              tokens_per_second: Optional[float] = None) -> str:

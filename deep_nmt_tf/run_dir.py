@@ -9,8 +9,11 @@
 - ``vocab.txt``: the vocabulary learned from the training data (unless ``data.vocab`` names
   another file);
 - ``data/``: the synthetic corpus (``data.corpus: synthetic``);
-- ``ckpt-N.*`` and ``checkpoint``: ``tf.train.CheckpointManager`` checkpoints (``N`` = step;
-  their contents: :mod:`deep_nmt_tf.checkpointing`);
+- ``ckpt-N.*`` and ``checkpoint``: ``tf.train.CheckpointManager`` checkpoints of the custom
+  loop (``N`` = step; their contents: :mod:`deep_nmt_tf.checkpointing`), or ``ckpt-N.weights.h5``
+  of ``compile``/``fit`` (:mod:`deep_nmt_tf.fit`); both kinds are listed by
+  :meth:`RunDir.list_checkpoints` and checked, restored and chosen by the run directory's
+  checkpoint store (:class:`deep_nmt_tf.checkpoints.CheckpointStore`);
 - ``train/`` and ``eval/``: TensorBoard event files;
 - ``exports/``: SavedModel versions (``exports/<version>/``, the default of
   :func:`deep_nmt_tf.export.export_model_dir`);
@@ -36,8 +39,9 @@ A ``--model_dir`` that is a file is a :class:`RunDirError`; so is writing into a
 holds another run (:meth:`RunDir.refuse_overwrite`: checkpoint averaging, vocabulary building)
 unless ``--overwrite`` is given.
 
-This module imports TensorFlow only inside the functions that read checkpoints, so tools can
-validate a run directory before TensorFlow starts.
+This module never imports TensorFlow (a run directory on a ``gs://``-style URL is listed
+through ``tf.io.gfile``, imported then), so tools can validate a run directory before
+TensorFlow starts.
 
 Example:
     >>> run = RunDir("runs/demo")
@@ -62,7 +66,8 @@ from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to
 
 __all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "DATA_DIRNAME",
            "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "AVERAGED_FILENAME",
-           "DATA_STATS_FILENAME", "DATA_PATH_KEYS", "RunDir", "RunDirError", "flatten",
+           "DATA_STATS_FILENAME", "DATA_PATH_KEYS", "RunDir", "RunDirError", "CheckpointError",
+           "UNREADABLE_SUFFIX", "set_aside_files", "flatten",
            "config_differences", "file_sha256"]
 
 CONFIG_FILENAME = "config.yaml"
@@ -77,20 +82,54 @@ DATA_STATS_FILENAME = "data_stats.json"
 #: The ``data`` keys that hold file paths (stored relative to the run directory when inside it).
 DATA_PATH_KEYS = ("train_source", "train_target", "dev_source", "dev_target", "test_source",
                   "test_target", "vocab")
+#: Checkpoints are ``ckpt-N`` (``N`` = step): ``tf.train.Checkpoint`` files ``ckpt-N.index``
+#: and ``ckpt-N.data-*`` listed in the ``checkpoint`` state file (the custom loop, averaging).
+CHECKPOINT_PREFIX = "ckpt"
+CHECKPOINT_STATE_FILENAME = "checkpoint"
+TF_INDEX_SUFFIX = ".index"
 #: Model weights written by ``compile``/``fit`` (:mod:`deep_nmt_tf.fit`): ``ckpt-N.weights.h5``.
 KERAS_WEIGHTS_SUFFIX = ".weights.h5"
 #: Token-id files of ``deep-nmt-preprocess``: ``data/<split>.npz``.
 TOKEN_FILE_SUFFIX = ".npz"
-__all__ += ["KERAS_WEIGHTS_SUFFIX", "TOKEN_FILE_SUFFIX", "keras_weights_step"]
+__all__ += ["CHECKPOINT_PREFIX", "CHECKPOINT_STATE_FILENAME", "TF_INDEX_SUFFIX",
+            "KERAS_WEIGHTS_SUFFIX", "TOKEN_FILE_SUFFIX", "checkpoint_step", "keras_weights_step",
+            "is_keras_weights"]
+
+
+def is_keras_weights(path: str) -> bool:
+    """Whether ``path`` names a ``.weights.h5`` file of ``fit`` (else a ``ckpt-N`` prefix)."""
+    return os.fspath(path).endswith(KERAS_WEIGHTS_SUFFIX)
+
+
+def checkpoint_step(path: str) -> int:
+    """``N`` of a ``.../ckpt-N`` prefix or a ``.../ckpt-N.weights.h5`` file (-1 if the name has
+    no number)."""
+    path = os.fspath(path)
+    if is_keras_weights(path):
+        path = path[:-len(KERAS_WEIGHTS_SUFFIX)]
+    try:
+        return int(path.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
 
 
 def keras_weights_step(path: str) -> Optional[int]:
     """``N`` of a ``.../ckpt-N.weights.h5`` file name, None for any other name."""
     name = os.path.basename(os.fspath(path))
-    if not (name.startswith("ckpt-") and name.endswith(KERAS_WEIGHTS_SUFFIX)):
+    if not (name.startswith(CHECKPOINT_PREFIX + "-") and is_keras_weights(name)):
         return None
-    number = name[len("ckpt-"):-len(KERAS_WEIGHTS_SUFFIX)]
+    number = name[len(CHECKPOINT_PREFIX) + 1:-len(KERAS_WEIGHTS_SUFFIX)]
     return int(number) if number.isdigit() else None
+
+
+def _list_names(directory: str) -> List[str]:
+    """The entries of ``directory`` ([] when it is missing)."""
+    if _is_url(directory):
+        import tensorflow as tf
+
+        return ([n.rstrip("/") for n in tf.io.gfile.listdir(directory)]
+                if tf.io.gfile.isdir(directory) else [])
+    return os.listdir(directory) if os.path.isdir(directory) else []
 
 
 def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -125,6 +164,28 @@ def file_sha256(path: str) -> str:
 class RunDirError(ValueError):
     """A run directory cannot be used as asked (a file, or another run's files would be
     overwritten); the message names the path."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, damaged or does not fit the model (the message names it)."""
+
+
+#: Suffix given to the files of a checkpoint that cannot be read (they are kept).
+UNREADABLE_SUFFIX = ".unreadable"
+
+
+def set_aside_files(names: Sequence[str]) -> List[str]:
+    """Renames the files of a damaged checkpoint to ``<file>.unreadable`` (the first free name:
+    ``.unreadable-2`` ...), never deleting one; returns the new names."""
+    moved = []
+    for name in names:
+        target, n = name + UNREADABLE_SUFFIX, 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{name}{UNREADABLE_SUFFIX}-{n}"
+        os.replace(name, target)
+        moved.append(target)
+    return moved
 
 
 def _now() -> str:
@@ -202,30 +263,36 @@ class RunDir:
 
     def keras_weights_path(self, step: int) -> str:
         """``MODEL_DIR/ckpt-<step>.weights.h5``: model (and optimizer) weights saved by ``fit``
-        (Keras' ``save_weights``; read by :func:`deep_nmt_tf.checkpointing.
-        restore_model_weights`)."""
-        return self.join(f"ckpt-{int(step)}{KERAS_WEIGHTS_SUFFIX}")
+        (Keras' ``save_weights``; a format of :class:`deep_nmt_tf.checkpoints.
+        CheckpointStore`)."""
+        return self.join(f"{CHECKPOINT_PREFIX}-{int(step)}{KERAS_WEIGHTS_SUFFIX}")
 
     def list_keras_weights(self) -> List[str]:
         """Every ``ckpt-N.weights.h5`` of the run, oldest first."""
-        if _is_url(self.path) or not os.path.isdir(self.path):
-            return []
-        found = [(keras_weights_step(n), n) for n in os.listdir(self.path)]
+        found = [(keras_weights_step(n), n) for n in _list_names(self.path)]
         return [self.join(n) for step, n in sorted(f for f in found if f[0] is not None)]
 
-    def _newest(self, checkpoint: Optional[str]) -> Optional[str]:
-        """``checkpoint`` (a ``ckpt-N``) or the newest ``ckpt-M.weights.h5`` if ``M > N``."""
-        keras_weights = self.list_keras_weights()
-        if not keras_weights:
-            return checkpoint
-        newest = keras_weights[-1]
-        if checkpoint is None:
-            return newest
-        try:
-            step = int(os.path.basename(checkpoint).rsplit("-", 1)[1])
-        except (IndexError, ValueError):
-            return checkpoint
-        return newest if keras_weights_step(newest) > step else checkpoint
+    def checkpoint_prefix(self, step: int) -> str:
+        """``MODEL_DIR/ckpt-<step>``: a ``tf.train.Checkpoint`` of the custom loop."""
+        return self.join(f"{CHECKPOINT_PREFIX}-{int(step)}")
+
+    def list_tf_checkpoints(self) -> List[str]:
+        """Every ``ckpt-N`` whose ``ckpt-N.index`` is present, oldest first."""
+        found = []
+        for name in _list_names(self.path):
+            if name.startswith(CHECKPOINT_PREFIX + "-") and name.endswith(TF_INDEX_SUFFIX):
+                prefix = self.join(name[:-len(TF_INDEX_SUFFIX)])
+                found.append((checkpoint_step(prefix), prefix))
+        return [p for _, p in sorted(found)]
+
+    def list_checkpoints(self) -> List[str]:
+        """Every checkpoint of the run present, of both kinds (``ckpt-N`` of the custom loop,
+        ``ckpt-N.weights.h5`` of ``fit``), oldest first (by step; at the same step the
+        ``.weights.h5`` first, so a tie goes to the ``ckpt-N``).  Whether they can be read is
+        :class:`deep_nmt_tf.checkpoints.CheckpointStore`'s business."""
+        both = [(checkpoint_step(p), 1, p) for p in self.list_tf_checkpoints()]
+        both += [(checkpoint_step(p), 0, p) for p in self.list_keras_weights()]
+        return [p for _, _, p in sorted(both)]
 
     def log_dir(self, name: str) -> str:
         """``MODEL_DIR/<name>``: TensorBoard events (``TRAIN_LOGS``, ``EVAL_LOGS``)."""
@@ -244,9 +311,10 @@ class RunDir:
         """The files that show a run was made here (config, metadata, checkpoints), sorted."""
         if not os.path.isdir(self.path):
             return []
-        names = {CONFIG_FILENAME, METADATA_FILENAME, "checkpoint"}
+        names = {CONFIG_FILENAME, METADATA_FILENAME, CHECKPOINT_STATE_FILENAME}
         return sorted(n for n in os.listdir(self.path) if n in names or (
-            n.startswith("ckpt-") and n.endswith(".index")))
+            n.startswith(CHECKPOINT_PREFIX + "-") and (n.endswith(TF_INDEX_SUFFIX)
+                                                       or is_keras_weights(n))))
 
     def refuse_overwrite(self, what: str, flag: str = "--overwrite") -> None:
         """Raises :class:`RunDirError` if this directory holds a run, whose files writing
@@ -495,18 +563,3 @@ class RunDir:
             json.dump(meta, f, indent=2)
             f.write("\n")
         os.replace(tmp, self.metadata_path)
-
-    # -- checkpoints (TensorFlow) -----------------------------------------------------------------
-    def latest_checkpoint(self) -> Optional[str]:
-        """The newest checkpoint that can be read (``MODEL_DIR/ckpt-N``), or None; newer ones
-        that cannot are skipped with a WARNING (:func:`deep_nmt_tf.checkpointing.
-        latest_checkpoint`)."""
-        from deep_nmt_tf.checkpointing import latest_checkpoint
-
-        return self._newest(latest_checkpoint(self.path))  # Or ckpt-N.weights.h5 of fit.
-
-    def list_checkpoints(self) -> List[str]:
-        """Every checkpoint of the run, oldest first."""
-        from deep_nmt_tf.checkpointing import list_checkpoints
-
-        return list_checkpoints(self.path)

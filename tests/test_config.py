@@ -129,7 +129,7 @@ def test_config_reference_is_current():
 
 
 # --------------------------------------------------------------------------------------------
-# One-of sections, moved keys, run directories of 0.1
+# One-of sections (the 0.1 layout: tests/test_config_legacy.py)
 # --------------------------------------------------------------------------------------------
 
 
@@ -163,21 +163,14 @@ def test_a_child_file_may_switch_the_type_its_base_chose(tmp_path):
 
 
 @pytest.mark.parametrize("text,override,fragment", [
-    ("model:\n  encoder_layers: 12\n", (), "c.yaml:2: model.encoder_layers: this key moved "
-     "in deep_nmt_tf 0.2: use model.encoder.<type>.num_layers"),
-    ("model:\n  dlcl:\n    encoder: true\n", (), "model.dlcl: this key moved in deep_nmt_tf "
-     "0.2: use model.encoder.transformer.dlcl"),
-    ("training:\n  learning_rate: 1.0e-3\n", (), "training.learning_rate: this key moved"),
-    ("training:\n  schedule: inverse_sqrt\n", (), "training.schedule: is now a section"),
-    ("", ("model.num_heads=4",), "--override model.num_heads: this key moved in deep_nmt_tf 0.2: "
-     "use model.encoder.transformer.num_heads and model.decoder.transformer.num_heads"),
     ("", ("model.encoder.type=lstm",), "model.encoder.type: 'lstm' is not a registered "
      "encoder type (known: cascaded, "),
     ("", ("model.encoder.multi_column.columns=[]", "model.encoder.type=multi_column",
           "model.tie_source_target_embeddings=false"),
      "model.encoder.multi_column.columns: a multi-column encoder needs at least one column"),
 ])
-def test_moved_keys_and_unknown_types_are_named(tmp_path, text, override, fragment):
+def test_unknown_types_are_named(tmp_path, text, override, fragment):
+    """(The keys that moved in 0.2 are named too: tests/test_config_legacy.py.)"""
     with pytest.raises(ConfigError) as err:
         load_config(_write(tmp_path, text), overrides=override)
     assert fragment in str(err.value)
@@ -190,37 +183,3 @@ def test_non_finite_numbers_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"c.yaml:2: model.layer_norm_epsilon: inf is not a "
                                           r"finite number"):
         load_config(_write(tmp_path, "model:\n  layer_norm_epsilon: .inf\n"))
-
-
-def test_legacy_run_configs_upgrade_to_the_same_config():
-    """A 0.1 run directory's resolved config.yaml translates to the config of the same model
-    and recipe (here: the 0.1 form of configs/demo.yaml and of a cascaded hybrid)."""
-    from deep_nmt_tf.config import config_from_dict
-    from deep_nmt_tf.config.legacy import is_legacy, upgrade
-
-    old = {"model": {"architecture": "transformer", "vocab_size": 0, "d_model": 128,
-                     "num_heads": 4, "ffn_dim": 512, "encoder_layers": 3, "decoder_layers": 3,
-                     "norm": "pre", "input_dropout": 0.1, "residual_dropout": 0.1,
-                     "relu_dropout": 0.0, "attention_dropout": 0.0,
-                     "tie_source_target_embeddings": True, "tie_softmax_embeddings": True,
-                     "dlcl": {"encoder": False, "decoder": False},
-                     "lexical_shortcuts": {"enabled": False, "placement": "self"}},
-           "training": {"schedule": "inverse_sqrt", "learning_rate": 1e-3,
-                        "warmup_steps": 300, "warmup_init_lr": 1e-7, "decay_start": 600000,
-                        "train_steps": 1500}}
-    assert is_legacy(old)
-    new, moved = upgrade(old)
-    assert "model.architecture" in moved and not is_legacy(new)
-    demo = load_config(os.path.join(ROOT, "configs", "demo.yaml"))
-    upgraded = config_from_dict(new)
-    assert config_to_dict(upgraded.model) == config_to_dict(demo.model)
-    assert upgraded.training.schedule == demo.training.schedule
-    cascade, _ = upgrade({"model": {"architecture": "cascaded", "d_model": 16, "num_heads": 2,
-                                    "encoder_layers": 2, "tie_source_target_embeddings": False,
-                                    "hybrid": {"cascade_layers": 3}},
-                          "training": {"freeze": ["encoder/rnmt"]}})
-    cfg = config_from_dict(cascade)
-    stages = cfg.model.encoder.get().stages
-    assert [s.type for s in stages] == ["rnmt_plus", "transformer"]
-    assert (stages[0].get().num_layers, stages[1].get().num_layers) == (2, 3)
-    assert cfg.training.freeze == ("encoder/stages/0",)

@@ -36,13 +36,13 @@ def tiny_config():
 def trained_model_dir(tmp_path_factory) -> str:
     """Path of the session's tiny trained model directory (built on first use by the real
     :class:`deep_nmt_tf.training.Trainer`; a failing trainer fails the tests that need it)."""
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     model_dir = str(tmp_path_factory.getbasetemp() / "deep_nmt_trained_model")
     ready = os.path.join(model_dir, "READY")
     if os.path.exists(ready):
         return model_dir
-    Trainer(tiny_config(), model_dir).train()
+    Runner(tiny_config(), model_dir).run()
     with open(ready, "w") as f:
         f.write("trainer\n")
     return model_dir

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from flat_config import model_config
+from config_trees import model_config, transformer
 from deep_nmt_tf.decoding import beam_search, greedy_search
 from deep_nmt_tf.models import build_model
 
@@ -14,8 +14,9 @@ TGT = np.array([[1, 11, 12, 13, 14, 15], [1, 15, 16, 17, 0, 0], [1, 4, 0, 0, 0, 
 
 @pytest.fixture(scope="module")
 def model():
-    return build_model(model_config(vocab_size=31, d_model=16, num_heads=2, ffn_dim=32,
-                                   encoder_layers=2, decoder_layers=2, norm="post"))
+    return build_model(model_config(transformer(31, 16, num_heads=2, ffn_dim=32,
+                                                encoder_layers=2, decoder_layers=2,
+                                                norm="post")))
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])

@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 from deep_nmt_tf.analysis import events, probe
-from deep_nmt_tf.training import diagnostics
+from config_trees import merge, stacks
+from deep_nmt_tf.training import Runner, diagnostics
 from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class,
                                    run_python, tiny_config)
 
@@ -29,11 +30,12 @@ def _batch(batch):
 
 
 def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path):
-    model = dict(NO_DROPOUT, encoder_layers=3)
+    model = merge(NO_DROPOUT, stacks(encoder={"num_layers": 3}))
     batches = make_batches(3, batch_size=8, seed=3)
     cls = make_trainer_class(batches)
-    trainer = cls(tiny_config(model, train_steps=7, grad_norm_ratio_every=3, log_every=7,
-                              checkpoint_every=7), str(tmp_path / "k3"))
+    runner = Runner(tiny_config(model, train_steps=7, grad_norm_ratio_every=3, log_every=7,
+                                checkpoint_every=7), str(tmp_path / "k3"), trainer=cls)
+    trainer = runner.trainer
     expected, logs = {}, {}
 
     def reference(step):
@@ -46,7 +48,7 @@ def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path)
         if (step + 1) % 3 == 0:
             reference(step + 1)
 
-    trainer.train(hooks=[hook])
+    runner.run(hooks=[hook])
     with_ratio = sorted(s for s, l in logs.items() if "grad_norm_ratio" in l)
     assert with_ratio == [3, 6], with_ratio
     for step in with_ratio:
@@ -77,22 +79,25 @@ MIRRORED = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
     import numpy as np
-    from deep_nmt_tf.training import diagnostics, make_strategy
+    from deep_nmt_tf.training import Runner, diagnostics, make_strategy
+    from config_trees import merge, stacks
     from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config
 
     batches = make_batches(1, batch_size=8, seed=4)
-    model = dict(NO_DROPOUT, encoder_layers=2, transparent_attention={{"enabled": True,
-                 "weight_dropout": 0.0}})
+    model = merge(NO_DROPOUT, stacks(encoder={{"num_layers": 2}}),
+                  {{"transparent_attention": {{"enabled": True, "weight_dropout": 0.0}}}})
     mirrored = make_strategy("mirrored")
     assert mirrored.num_replicas_in_sync == 2
     # 2 replicas x 2 accumulated micro-batches: each replica sees 2 quarters of the batch.
     cls = make_trainer_class(batches, split=4)
-    trainer = cls(tiny_config(model, train_steps=1, grad_norm_ratio_every=1,
-                              gradient_accumulation_steps=2), "{tmp}/mirrored", strategy=mirrored)
+    runner = Runner(tiny_config(model, train_steps=1, grad_norm_ratio_every=1,
+                                gradient_accumulation_steps=2), "{tmp}/mirrored",
+                    strategy=mirrored, trainer=cls)
+    trainer = runner.trainer
     batch = {{k: tf.constant(v) for k, v in batches[0].items()}}
     expected = diagnostics.grad_norm_ratio(trainer.model, batch, 0.1)  # one device, one batch
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    runner.run(hooks=[lambda t, s, l: logs.append(l)])
     print("expected", expected, "got", {{k: logs[0][k] for k in expected}})
     for key, value in expected.items():
         np.testing.assert_allclose(logs[0][key], value, rtol=2e-5, err_msg=key)
@@ -114,13 +119,12 @@ def test_grad_norm_ratio_under_mirrored_strategy_and_accumulation(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def _deep_model(**extra):
+def _deep_model(dlcl=True):
     from deep_nmt_tf.models import build_model
 
-    model = dict(NO_DROPOUT, encoder_layers=3, decoder_layers=2,
-                 transparent_attention={"enabled": True}, dlcl={"encoder": True, "decoder": True},
-                 lexical_shortcuts={"enabled": True})
-    model.update(extra)
+    model = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},
+                  stacks({"dlcl": {"enabled": dlcl}, "lexical_shortcuts": {"enabled": True}},
+                         encoder={"num_layers": 3}, decoder={"num_layers": 2}))
     return build_model(tiny_config(model))
 
 
@@ -170,13 +174,14 @@ def test_weight_images_are_written_and_read_back(tmp_path):
 
 
 def test_trainer_writes_weight_images_and_gate_scalars(tmp_path):
-    deep = dict(NO_DROPOUT, encoder_layers=2, decoder_layers=2,
-                transparent_attention={"enabled": True}, dlcl={"encoder": True},
-                lexical_shortcuts={"enabled": True})
+    deep = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},
+                 stacks({"num_layers": 2, "lexical_shortcuts": {"enabled": True}},
+                        encoder={"dlcl": {"enabled": True}}))
     cls = make_trainer_class()
-    trainer = cls(tiny_config(deep, train_steps=4, log_every=2, diagnostics_every=2),
-                  str(tmp_path / "run"))
-    trainer.train()
+    runner = Runner(tiny_config(deep, train_steps=4, log_every=2, diagnostics_every=2),
+                    str(tmp_path / "run"), trainer=cls)
+    trainer = runner.trainer
+    runner.run()
     run = events.read_run(trainer.model_dir)
     images = {tag for sub, tag in run.images if sub == "train"}
     assert {"weights/transparent_attention", "weights/encoder_dlcl"} <= images, images
@@ -199,10 +204,9 @@ def test_decoder_layer_states_match_the_decoder_and_cosines_are_in_range():
     from deep_nmt_tf.models import build_model
 
     batch = _batch(make_batches(1, batch_size=5, seed=8)[0])
-    for model in (build_model(tiny_config(dict(encoder_layers=2, decoder_layers=3,
-                                               lexical_shortcuts={"enabled": True,
-                                                                  "placement": "both"}))),
-                  _deep_model(dlcl={})):
+    both = stacks({"lexical_shortcuts": {"enabled": True}}, encoder={"num_layers": 2},
+                  decoder={"num_layers": 3, "lexical_shortcuts": {"placement": "both"}})
+    for model in (build_model(tiny_config(both)), _deep_model(dlcl=False)):
         states = probe.layer_states(model, batch["source_ids"], batch["target_input_ids"])
         assert len(states["encoder"]) == model.model_config.encoder.get().num_layers + 1
         assert len(states["decoder"]) == model.model_config.decoder.get().num_layers + 1
@@ -274,7 +278,7 @@ def test_deep_post_norm_ratio_is_far_below_transparent_attention_and_dlcl(tmp_pa
     tracing three 20-layer graphs (25 s each on 2 busy cores).
     """
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     ratios = {}
     tf.config.run_functions_eagerly(True)
@@ -282,9 +286,9 @@ def test_deep_post_norm_ratio_is_far_below_transparent_attention_and_dlcl(tmp_pa
         for name, extra in VARIANTS.items():
             config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs",
                                               "demo.yaml"), DEMO_OVERRIDES + extra)
-            trainer = Trainer(config, str(tmp_path / name.replace(" ", "_")))
+            runner = Runner(config, str(tmp_path / name.replace(" ", "_")))
             logs = []
-            trainer.train(hooks=[lambda t, s, l: logs.append(l["grad_norm_ratio"])])
+            runner.run(hooks=[lambda t, s, l: logs.append(l["grad_norm_ratio"])])
             ratios[name] = np.array(logs)
     finally:
         tf.config.run_functions_eagerly(False)

@@ -94,7 +94,7 @@ def test_scores_are_sacrebleu_cased_lowercased_and_chrf():
 
 @pytest.mark.slow
 def test_the_table_does_not_report_training_it_did_not_time():
-    from deep_nmt_tf.experiments import _markdown
+    from deep_nmt_tf.experiments.report import markdown as _markdown
 
     def run(**training):
         return {"training": dict(parameters=2e6, updates=6000, **training),
@@ -141,7 +141,8 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     run in the same directory: refused, naming both seeds, whether the seed is known from the
     tool's record or from the config of a run adopted from deep-nmt-train."""
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.experiments import _check_seed, _State
+    from deep_nmt_tf.experiments.stages import _check_seed
+    from deep_nmt_tf.experiments.state import RunState as _State
     from deep_nmt_tf.run_dir import RunDir
 
     def saved(run_dir):  # what _train passes: the run directory's config, read once
@@ -166,7 +167,7 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     _check_seed(run, None, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
     # Another recipe in the same directory (a changed schedule) is refused, naming the keys;
     # how often it logs or checkpoints, how long it trains, or where the data lies may change.
-    from deep_nmt_tf.experiments import _check_recipe
+    from deep_nmt_tf.experiments.stages import _check_recipe
 
     seed1 = planned_runs(suite, only=["baseline"], seeds=[1])[0]
     base = ["training.seed=1", "training.schedule.type=inverse_sqrt"]
@@ -255,8 +256,10 @@ def test_a_lowercased_model_gets_its_length_penalty_from_lowercased_dev_bleu(
     import types
 
     from deep_nmt_tf import run_dir
-    from deep_nmt_tf.experiments import PlannedRun, _decode, _State
-    from deep_nmt_tf.export import translator as translator_lib
+    from deep_nmt_tf.experiments import PlannedRun
+    from deep_nmt_tf.experiments.stages import _decode
+    from deep_nmt_tf.experiments.state import RunState as _State
+    from deep_nmt_tf.inference import translator as translator_lib
 
     refs = ["Ein Hund rennt über die Wiese .", "Zwei Männer sitzen vor dem Haus ."]
     srcs = ["a dog runs across the meadow .", "two men sit in front of the house ."]
@@ -357,7 +360,7 @@ def test_a_training_time_budget_stops_a_run_where_its_clock_runs_out(tmp_path, m
         def perf_counter():
             return float(next(ticks))
 
-    monkeypatch.setattr(experiments, "time", Clock)
+    monkeypatch.setattr(experiments.stages, "time", Clock)  # where the stages read the clock
     data = _corpus(tmp_path / "data", sizes=(("train", 200), ("valid", 6), ("test2016", 5)))
     out = str(tmp_path / "out")
     suite = load_suite(find_suite(SUITE))

@@ -339,7 +339,7 @@ def test_text_translations_equal_ours(converted):
     """Text in, text out: CTranslate2Translator's greedy translations of the test set are our
     Translator's (the run's tokenizer, source truncation and length limits); a blank input
     gives an empty translation without decoding (CTranslate2's rule; ours decodes ``</s>``)."""
-    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.inference import Translator
     from deep_nmt_tf.export.ctranslate2_translator import CTranslate2Translator
 
     model_dir, path = converted

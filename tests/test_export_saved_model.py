@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from deep_nmt_tf.export import Translator, export_saved_model, next_version
+from deep_nmt_tf.export import export_saved_model, next_version
+from deep_nmt_tf.inference import Translator
 from test_decoding_helpers import trained_model_dir
 
 # Every test needs the module's exported model (training and export: about 30 s on 2 busy cores).
@@ -202,7 +203,7 @@ def test_bfloat16_export_takes_and_returns_strings(exported, tmp_path, tmp_path_
 def test_xla_is_chosen_by_precision_and_device(exported, monkeypatch, tmp_path_factory):
     """jit_compile=None (the tools' default): XLA in float32; in bfloat16 only with a GPU or
     TPU (XLA's CPU backend runs bfloat16 matmuls at the float32 rate); an explicit choice wins."""
-    from deep_nmt_tf.export.translator import default_jit_compile
+    from deep_nmt_tf.export.module import default_jit_compile
 
     assert exported[0].jit_compile is True and exported[0].module.jit_compile is True
     if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):

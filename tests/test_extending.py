@@ -125,12 +125,13 @@ def test_a_new_encoder_trains_decodes_with_beam_search_and_exports(tmp_path):
     import tensorflow as tf
 
     from deep_nmt_tf.decoding import beam_search
-    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.export import export_model_dir, load_saved_model
+    from deep_nmt_tf.inference import Translator
+    from deep_nmt_tf.training import Runner
 
     model_dir = str(tmp_path / "run")
     losses = []
-    Trainer(_config(), model_dir).train(hooks=[lambda t, step, logs: losses.append(logs["loss"])])
+    Runner(_config(), model_dir).run(hooks=[lambda t, step, logs: losses.append(logs["loss"])])
     assert len(losses) == 30 and np.mean(losses[-5:]) < losses[0] - 0.5, losses
 
     translator = Translator.from_model_dir(model_dir)

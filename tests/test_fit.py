@@ -10,7 +10,9 @@ import keras
 import numpy as np
 import pytest
 
-from test_training_helpers import VOCAB, make_batches, run_python, run_tool, tiny_config
+from config_trees import constant
+from test_training_helpers import (NO_DROPOUT, VOCAB, make_batches, run_python, run_tool,
+                                   tiny_config)
 
 
 def _token_ids(num_batches=8, batch_size=16, seed=0):
@@ -29,8 +31,8 @@ def _token_ids(num_batches=8, batch_size=16, seed=0):
 
 @pytest.mark.parametrize("normalization", ["token", "sentence"])
 def test_keras_loss_is_the_custom_loops_sum_over_its_denominator(normalization):
-    from deep_nmt_tf.fit.losses import (LabelSmoothedCrossEntropy, cross_entropy_sums,
-                                        loss_denominator)
+    from deep_nmt_tf.task.losses import (LabelSmoothedCrossEntropy, cross_entropy_sums,
+                                         loss_denominator)
 
     rng = np.random.RandomState(0)
     logits = rng.randn(3, 5, 11).astype("float32")
@@ -46,7 +48,7 @@ def test_keras_loss_is_the_custom_loops_sum_over_its_denominator(normalization):
 # -- schedules, optimizer, refusals ----------------------------------------------------------
 
 def test_update_count_schedule_reads_the_schedule_at_updates():
-    from deep_nmt_tf.fit.schedules import InverseSqrtSchedule, UpdateCountSchedule
+    from deep_nmt_tf.task.schedules import InverseSqrtSchedule, UpdateCountSchedule
 
     inner = InverseSqrtSchedule(1e-3, 4, 1e-7)
     wrapped = UpdateCountSchedule(inner, 3)
@@ -58,8 +60,8 @@ def test_update_count_schedule_reads_the_schedule_at_updates():
 
 def test_compile_model_maps_the_training_keys_to_keras_options():
     from deep_nmt_tf import fit
-    from deep_nmt_tf.fit.losses import LabelSmoothedCrossEntropy
-    from deep_nmt_tf.fit.schedules import UpdateCountSchedule
+    from deep_nmt_tf.task.losses import LabelSmoothedCrossEntropy
+    from deep_nmt_tf.task.schedules import UpdateCountSchedule
 
     config = tiny_config(clip_norm=0.5, gradient_accumulation_steps=2, label_smoothing=0.2,
                          weight_decay=1e-4)
@@ -98,8 +100,8 @@ def test_fit_loss_falls_on_tensorflow():
     from deep_nmt_tf import fit
     from deep_nmt_tf.data.batching import TokenBatches
 
-    config = tiny_config(train_steps=60, learning_rate=1e-2, batch_tokens=256,
-                         model=dict(input_dropout=0.0, residual_dropout=0.0))
+    config = tiny_config(train_steps=60, schedule=constant(1e-2), batch_tokens=256,
+                         model=NO_DROPOUT)
     model = fit.build_fit_model(config)
     fit.compile_model(model, config)
     batches = TokenBatches.from_config(config, _token_ids(), num_batches=15)

@@ -13,7 +13,7 @@ import pytest
 import keras
 from keras import ops
 
-from flat_config import model_config
+from config_trees import model_config, transformer
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.decoding import beam_search, greedy_search, search
 from deep_nmt_tf.decoding.search import gnmt_length_penalty, output_length_limits
@@ -264,8 +264,9 @@ def test_output_length_limits():
 
 
 def _tiny_transformer():
-    return build_model(model_config(vocab_size=23, d_model=16, num_heads=2, ffn_dim=32,
-                                   encoder_layers=1, decoder_layers=2, norm="pre"))
+    return build_model(model_config(transformer(23, 16, num_heads=2, ffn_dim=32,
+                                                encoder_layers=1, decoder_layers=2,
+                                                norm="pre")))
 
 
 def test_transformer_beam_one_equals_greedy():

@@ -10,25 +10,39 @@ import numpy as np
 import pytest
 import keras
 
-from deep_nmt_tf.config import ConfigError, TransparentAttentionConfig, load_config
+from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.layers.dlcl import dlcl_initial_weights
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.models import Seq2SeqModel, build_model
-from flat_config import flat_config, model_config
+from config_trees import config, merge, model_config, stacks, transformer
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = np.array([[5, 6, 7, 8, 9, 2], [9, 10, 2, 0, 0, 0]], "int32")
 TGT = np.array([[1, 11, 12, 13, 14, 15], [1, 15, 16, 17, 0, 0]], "int32")
 INPUTS = {"source_ids": SRC, "target_input_ids": TGT}
-SMALL = dict(vocab_size=40, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=3,
-             decoder_layers=2)
+SMALL = transformer(40, 16, num_heads=2, ffn_dim=32, encoder_layers=3, decoder_layers=2)
 
 
-def _model(**overrides):
-    kwargs = dict(SMALL)
-    kwargs.update(overrides)
-    return build_model(model_config(**kwargs))
+def _dlcl(encoder=True, decoder=True, **options):
+    """DLCL sections of both stacks (enabled as given; the same options in each)."""
+    return stacks(encoder={"dlcl": dict(options, enabled=encoder)},
+                  decoder={"dlcl": dict(options, enabled=decoder)})
+
+
+def _shortcuts(placement="self", **options):
+    """Lexical shortcuts in both stacks: the decoder's on ``placement``'s attentions, the
+    encoder's (self-attention only) unless the placement is ``cross``."""
+    return stacks(encoder={"lexical_shortcuts": dict(options,
+                                                     enabled=placement in ("self", "both"))},
+                  decoder={"lexical_shortcuts": dict(options, enabled=True,
+                                                     placement=placement)})
+
+
+def _model(*trees, **both):
+    """The small Transformer with ``trees`` (model sections) merged in; ``both``: keys of both
+    stacks."""
+    return build_model(model_config(merge(SMALL, stacks(both), *trees)))
 
 
 def _copy_shared_weights(src, dst):
@@ -63,38 +77,32 @@ def _cached_logits(model, src=SRC, tgt=TGT):
 # Cached decoding equals full recomputation, for every variant and combination
 # --------------------------------------------------------------------------------------------
 
-TA = TransparentAttentionConfig(enabled=True, min_probability=0.05)
+TA = {"transparent_attention": {"enabled": True, "min_probability": 0.05}}
+DECODER_4 = stacks(decoder={"num_layers": 4})
 VARIANTS = {
-    "transparent": dict(transparent_attention=TA),
-    "dlcl_enc_dec": dict(dlcl=dict(encoder=True, decoder=True)),
-    "dlcl_decoder_window_softmax": dict(dlcl=dict(decoder=True, window=2, softmax=True,
-                                                        normalize_embedding=True)),
-    "dlcl_fixed_one_no_ln": dict(dlcl=dict(encoder=True, decoder=True, weights="one",
-                                                 layer_norm=False)),
-    "shortcuts_self": dict(lexical_shortcuts=dict(enabled=True)),
-    "shortcuts_cross": dict(lexical_shortcuts=dict(enabled=True,
-                                                                     placement="cross")),
-    "shortcuts_both": dict(lexical_shortcuts=dict(enabled=True,
-                                                                    placement="both")),
-    "fusion_both": dict(lexical_shortcuts=dict(
-        enabled=True, variant="feature_fusion", placement="both")),
-    "non_lexical": dict(decoder_layers=4, lexical_shortcuts=dict(
-        enabled=True, source="non_lexical")),
-    "non_lexical_fusion": dict(decoder_layers=4, lexical_shortcuts=dict(
-        enabled=True, variant="feature_fusion", source="non_lexical")),
-    "all_three": dict(transparent_attention=TA, dlcl=dict(encoder=True, decoder=True),
-                      lexical_shortcuts=dict(enabled=True, placement="both")),
-    "all_three_fusion_untied": dict(
-        transparent_attention=TA, dlcl=dict(encoder=True, decoder=True, window=2),
-        lexical_shortcuts=dict(enabled=True, variant="feature_fusion"),
-        tie_source_target_embeddings=False, tie_softmax_embeddings=False),
+    "transparent": TA,
+    "dlcl_enc_dec": _dlcl(),
+    "dlcl_decoder_window_softmax": _dlcl(encoder=False, window=2, softmax=True,
+                                         normalize_embedding=True),
+    "dlcl_fixed_one_no_ln": _dlcl(weights="one", layer_norm=False),
+    "shortcuts_self": _shortcuts(),
+    "shortcuts_cross": _shortcuts("cross"),
+    "shortcuts_both": _shortcuts("both"),
+    "fusion_both": _shortcuts("both", variant="feature_fusion"),
+    "non_lexical": merge(DECODER_4, _shortcuts(source="non_lexical")),
+    "non_lexical_fusion": merge(DECODER_4, _shortcuts(variant="feature_fusion",
+                                                      source="non_lexical")),
+    "all_three": merge(TA, _dlcl(), _shortcuts("both")),
+    "all_three_fusion_untied": merge(
+        TA, _dlcl(window=2), _shortcuts(variant="feature_fusion"),
+        {"tie_source_target_embeddings": False}, stacks(decoder={"tie_softmax": False})),
 }
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_cached_decoding_equals_teacher_forcing(variant, norm):
-    model = _model(norm=norm, **VARIANTS[variant])
+    model = _model(VARIANTS[variant], norm=norm)
     _randomise(model, seed=1)  # non-trivial DLCL/transparent weights and open/closed gates
     full = to_numpy(model(INPUTS))
     cached = _cached_logits(model)
@@ -111,8 +119,8 @@ def test_cached_decoding_equals_teacher_forcing(variant, norm):
 def test_mixed_bfloat16_with_float32_logits_and_mixing_weights(variant):
     """Transparent attention, DLCL and lexical shortcuts together under mixed_bfloat16: float32
     logits (teacher forcing and decoding steps) and mixing matrices; bfloat16 beam search."""
-    kwargs = dict(SMALL, **VARIANTS[variant])
-    assert_model_mixed_precision(lambda d: build_model(model_config(**kwargs), dtype=d), SRC,
+    tree = merge(SMALL, VARIANTS[variant])
+    assert_model_mixed_precision(lambda d: build_model(model_config(tree), dtype=d), SRC,
                                  TGT)
 
 
@@ -124,13 +132,13 @@ def test_dlcl_with_residual_weights_reproduces_plain_transformer(norm):
     configuration: weights 'one' with window 1; as learned weights: the identity matrix."""
     plain = _model(norm=norm, input_dropout=0.0)
     ref = to_numpy(plain(INPUTS))
-    fixed = _model(norm=norm, input_dropout=0.0, dlcl=dict(
-        encoder=True, decoder=True, weights="one", window=1, layer_norm=False))
+    fixed = _model(_dlcl(weights="one", window=1, layer_norm=False), norm=norm,
+                   input_dropout=0.0)
     assert _copy_shared_weights(plain, fixed) == []  # no extra variables at all
     np.testing.assert_allclose(to_numpy(fixed(INPUTS)), ref, atol=1e-5)
     np.testing.assert_allclose(_cached_logits(fixed)[TGT != 0], ref[TGT != 0], atol=1e-4)
 
-    learned = _model(norm=norm, dlcl=dict(encoder=True, decoder=True, layer_norm=False))
+    learned = _model(_dlcl(layer_norm=False), norm=norm)
     extra = _copy_shared_weights(plain, learned)
     assert sorted(extra) == ["seq2seq/decoder/dlcl/weight", "seq2seq/encoder/dlcl/weight"]
     np.testing.assert_allclose(to_numpy(learned.encoder.dlcl.weight_matrix()),
@@ -142,7 +150,7 @@ def test_dlcl_with_residual_weights_reproduces_plain_transformer(norm):
 
 
 def test_dlcl_pre_norm_final_layer_norm_follows_last_combination():
-    model = _model(norm="pre", dlcl=dict(encoder=True))
+    model = _model(_dlcl(decoder=False), norm="pre")
     _randomise(model, seed=2)
     enc = model.encoder
     out = enc(SRC)
@@ -165,7 +173,7 @@ def test_transparent_attention_on_top_layer_reproduces_standard_attention():
     reproduces the plain model exactly."""
     plain = _model(norm="post")
     ref = to_numpy(plain(INPUTS))
-    ta = _model(norm="post", transparent_attention=TransparentAttentionConfig(enabled=True))
+    ta = _model({"transparent_attention": {"enabled": True}}, norm="post")
     assert _copy_shared_weights(plain, ta) == ["seq2seq/transparent_attention/mix_logits"]
     assert ta.transparent_attention.mix_logits.shape == (3 + 1, 2)  # (N+1) x M, M = dec depth
     assert np.abs(to_numpy(ta(INPUTS)) - ref).max() > 1e-3  # uniform mix at initialisation
@@ -179,7 +187,7 @@ def test_transparent_attention_pre_norm_mixes_raw_layer_outputs():
     output only), so a one-hot mix on the top layer attends the raw top output y_N, i.e. the
     plain decoder attending y_N rather than LN(y_N)."""
     plain = _model(norm="pre")
-    ta = _model(norm="pre", transparent_attention=TransparentAttentionConfig(enabled=True))
+    ta = _model({"transparent_attention": {"enabled": True}}, norm="pre")
     _copy_shared_weights(plain, ta)
     _one_hot_top(ta)
     encoded = ta.encode(SRC)
@@ -197,8 +205,7 @@ def test_transparent_attention_pre_norm_mixes_raw_layer_outputs():
 def test_closed_lexical_shortcut_gates_reproduce_standard_attention(placement, norm):
     plain = _model(norm=norm)
     ref = to_numpy(plain(INPUTS))
-    sc = _model(norm=norm, lexical_shortcuts=dict(enabled=True,
-                                                                    placement=placement))
+    sc = _model(_shortcuts(placement), norm=norm)
     extra = _copy_shared_weights(plain, sc)
     n_attn = {"self": 3 + 2, "cross": 2, "both": 3 + 2 + 2}[placement]
     assert len(extra) == 3 * n_attn
@@ -225,9 +232,9 @@ def test_shortcut_sources_lexical_and_non_lexical():
     """Lexical: every layer gets y_0.  Non-lexical (Emelin et al. 4.3): layer n (1-based) gets
     layer n-2's output; layer 2 gets y_0 (n-2 = 0) and layer 1, with no antecedent, y_0 too."""
     outputs = ["y0", "y1", "y2", "y3", "y4", "y5"]
-    lex = _model(encoder_layers=6, lexical_shortcuts=dict(enabled=True))
-    non = _model(encoder_layers=6, lexical_shortcuts=dict(
-        enabled=True, source="non_lexical"))
+    encoder_6 = stacks(encoder={"num_layers": 6})
+    lex = _model(encoder_6, _shortcuts())
+    non = _model(encoder_6, _shortcuts(source="non_lexical"))
     for stack in (lex.encoder, lex.decoder):
         assert [stack.shortcut_source(outputs, i) for i in range(6)] == ["y0"] * 6
     for stack in (non.encoder, non.decoder):
@@ -240,14 +247,12 @@ def test_shortcut_sources_lexical_and_non_lexical():
 
 def test_non_lexical_cross_placement_is_rejected():
     with pytest.raises(ConfigError, match="non_lexical"):
-        flat_config({"lexical_shortcuts": {
-            "enabled": True, "source": "non_lexical", "placement": "both"}})
+        config(_shortcuts("both", source="non_lexical"))
     with pytest.raises(ConfigError, match="normalize_embedding"):
-        flat_config({"dlcl": {"encoder": True, "layer_norm": False,
-                              "normalize_embedding": True}})
+        config(_dlcl(decoder=False, layer_norm=False, normalize_embedding=True))
     with pytest.raises(ValueError, match="min_probability"):
-        _model(encoder_layers=4, transparent_attention=TransparentAttentionConfig(
-            enabled=True, min_probability=0.25))
+        _model(stacks(encoder={"num_layers": 4}),
+               {"transparent_attention": {"enabled": True, "min_probability": 0.25}})
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,7 +261,7 @@ def test_non_lexical_cross_placement_is_rejected():
 
 
 def test_diagnostic_weights_and_gate_means():
-    model = _model(**VARIANTS["all_three"])
+    model = _model(VARIANTS["all_three"])
     diag = {k: to_numpy(v) for k, v in model.diagnostic_weights().items()}
     assert sorted(diag) == ["decoder_dlcl", "encoder_dlcl", "transparent_attention"]
     np.testing.assert_allclose(diag["transparent_attention"], np.full((4, 2), 0.25), atol=1e-6)
@@ -278,7 +283,7 @@ def test_diagnostic_weights_and_gate_means():
 
 
 def test_encode_exposes_layer_outputs_and_decode_from_encoded():
-    model = _model(**VARIANTS["all_three"])
+    model = _model(VARIANTS["all_three"])
     encoded = model.encode(SRC)
     assert len(encoded["layer_outputs"]) == 3 + 1
     np.testing.assert_allclose(to_numpy(model.decode(encoded, TGT)), to_numpy(model(INPUTS)),
@@ -292,7 +297,7 @@ def test_encode_exposes_layer_outputs_and_decode_from_encoded():
 
 @pytest.mark.parametrize("variant", ["all_three", "all_three_fusion_untied", "non_lexical"])
 def test_model_serialization_round_trip(variant, tmp_path):
-    model = _model(norm="pre", **VARIANTS[variant])
+    model = _model(VARIANTS[variant], norm="pre")
     _randomise(model, seed=3)
     assert_config_roundtrip(model, lambda m: m(INPUTS), atol=1e-5)
     path = str(tmp_path / "model.keras")
@@ -304,7 +309,7 @@ def test_model_serialization_round_trip(variant, tmp_path):
 
 
 def test_stack_serialization_round_trip():
-    model = _model(norm="post", **VARIANTS["all_three"])
+    model = _model(VARIANTS["all_three"], norm="post")
     _randomise(model, seed=4)
     assert_config_roundtrip(model.encoder, lambda e: e(SRC)["memory"], atol=1e-5)
 
@@ -313,20 +318,15 @@ def test_stack_serialization_round_trip():
 # Every declared key of the three config sections takes effect (no dead flags)
 # --------------------------------------------------------------------------------------------
 
-_ON = dict(transparent_attention=dict(enabled=True),
-           dlcl=dict(encoder=True, decoder=True),
-           lexical_shortcuts=dict(enabled=True))
+_ON = merge({"transparent_attention": {"enabled": True}}, _dlcl(), _shortcuts())
 
 
-def _signature(section_overrides, training=False):
-    """(parameter count, logits) of a small model with all three methods on, all weights set
-    from a seed by variable path (so shared variables agree across configurations)."""
-    model_dict = dict(SMALL, input_dropout=0.0, residual_dropout=0.0, **{
-        k: dict(v) for k, v in _ON.items()})
-    for dotted, value in section_overrides.items():
-        section, key = dotted.split(".")
-        model_dict[section][key] = value
-    cfg = flat_config(model_dict)
+def _signature(change, training=False):
+    """(parameter count, logits) of a small model with all three methods on and ``change`` (a
+    model section) merged in, all weights set from a seed by variable path (so shared
+    variables agree across configurations)."""
+    cfg = config(merge(SMALL, stacks({"input_dropout": 0.0, "residual_dropout": 0.0}), _ON,
+                       change))
     keras.utils.set_random_seed(7)
     model = build_model(cfg)
     for v in model.weights:
@@ -336,31 +336,39 @@ def _signature(section_overrides, training=False):
     return model.count_params(), to_numpy(model(INPUTS, training=training))
 
 
-@pytest.mark.parametrize("key,value,training", [
-    ("transparent_attention.enabled", False, False),
-    ("transparent_attention.weight_dropout", 0.0, True),
-    ("transparent_attention.min_probability", 0.2, False),
-    ("dlcl.encoder", False, False),
-    ("dlcl.decoder", False, False),
-    ("dlcl.weights", "one", False),
-    ("dlcl.weights", "avg", False),
-    ("dlcl.init", "one", False),
-    ("dlcl.layer_norm", False, False),
-    ("dlcl.normalize_embedding", True, False),
-    ("dlcl.window", 1, False),
-    ("dlcl.softmax", True, False),
-    ("lexical_shortcuts.enabled", False, False),
-    ("lexical_shortcuts.variant", "feature_fusion", False),
-    ("lexical_shortcuts.placement", "cross", False),
-    ("lexical_shortcuts.placement", "both", False),
-    ("lexical_shortcuts.source", "non_lexical", False),
-])
-def test_every_option_takes_effect(key, value, training):
+def _ta(**options):
+    return {"transparent_attention": options}
+
+
+def _lex(**options):
+    return stacks({"lexical_shortcuts": options})
+
+
+@pytest.mark.parametrize("key,value,change,training", [
+    ("transparent_attention.enabled", False, _ta(enabled=False), False),
+    ("transparent_attention.weight_dropout", 0.0, _ta(weight_dropout=0.0), True),
+    ("transparent_attention.min_probability", 0.2, _ta(min_probability=0.2), False),
+    ("dlcl.enabled (encoder)", False, stacks(encoder={"dlcl": {"enabled": False}}), False),
+    ("dlcl.enabled (decoder)", False, stacks(decoder={"dlcl": {"enabled": False}}), False),
+    ("dlcl.weights", "one", _dlcl(weights="one"), False),
+    ("dlcl.weights", "avg", _dlcl(weights="avg"), False),
+    ("dlcl.init", "one", _dlcl(init="one"), False),
+    ("dlcl.layer_norm", False, _dlcl(layer_norm=False), False),
+    ("dlcl.normalize_embedding", True, _dlcl(normalize_embedding=True), False),
+    ("dlcl.window", 1, _dlcl(window=1), False),
+    ("dlcl.softmax", True, _dlcl(softmax=True), False),
+    ("lexical_shortcuts.enabled", False, _lex(enabled=False), False),
+    ("lexical_shortcuts.variant", "feature_fusion", _lex(variant="feature_fusion"), False),
+    ("lexical_shortcuts.placement", "cross", _shortcuts("cross"), False),
+    ("lexical_shortcuts.placement", "both", _shortcuts("both"), False),
+    ("lexical_shortcuts.source", "non_lexical", _lex(source="non_lexical"), False),
+], ids=lambda p: p if isinstance(p, str) else None)
+def test_every_option_takes_effect(key, value, change, training):
     base_params, base_out = _signature({}, training)
-    params, out = _signature({key: value}, training)
+    params, out = _signature(change, training)
     if key == "dlcl.init":
         # The initial value: compare freshly built weight matrices.
-        model = build_model(flat_config(dict(SMALL, dlcl=dict(encoder=True, init=value))))
+        model = build_model(model_config(merge(SMALL, _dlcl(decoder=False, init=value))))
         np.testing.assert_allclose(to_numpy(model.encoder.dlcl.weight_matrix()),
                                    np.tril(np.ones((4, 4))))
         return

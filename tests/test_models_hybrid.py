@@ -17,7 +17,8 @@ from deep_nmt_tf.models import build_model
 from deep_nmt_tf.models.hybrid import CascadedEncoder, MultiColumnEncoder
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder
 from deep_nmt_tf.models.transformer import TransformerDecoder, TransformerEncoder
-from flat_config import flat_config
+from config_trees import architecture as architecture_tree
+from config_trees import config, merge, stack
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,16 +34,19 @@ HYBRIDS = {  # architecture -> (encoder class, decoder class)
 }
 
 
-def _config(architecture, **model):
-    keys = dict(architecture=architecture, vocab_size=V, d_model=D, num_heads=2, ffn_dim=16,
-                encoder_layers=2, decoder_layers=2, input_dropout=0.2, residual_dropout=0.2,
-                attention_dropout=0.2, tie_source_target_embeddings=False,
-                tie_softmax_embeddings=architecture == "rnmt_transformer",
-                rnmt={"encoder_units": 6, "decoder_units": 6, "attention_heads": 2,
-                      "attention_dim": D},
-                hybrid={"cascade_layers": 2, "columns": ["rnmt_plus", "transformer"]})
-    keys.update(model)
-    return flat_config(keys)
+def _config(architecture, dropout=0.2, columns=("rnmt_plus", "transformer")):
+    """A small model of ``architecture``: 2 + 2 layers (a cascade's Transformer stage: 2),
+    6-unit LSTMs, untied embeddings, ``dropout`` everywhere."""
+    transformer = {"num_layers": 2, "num_heads": 2, "ffn_dim": 16, "input_dropout": dropout,
+                   "residual_dropout": dropout, "attention_dropout": dropout}
+    rnmt = {"num_layers": 2, "units": 6, "embedding_dropout": dropout, "dropout": dropout}
+    decoder = {"transformer": dict(transformer, tie_softmax=architecture == "rnmt_transformer"),
+               "rnmt_plus": dict(rnmt, attention_dropout=dropout, attention_heads=2,
+                                 attention_dim=D)}
+    return config(merge({"vocab_size": V, "d_model": D, "tie_source_target_embeddings": False},
+                        architecture_tree(architecture, {"transformer": transformer,
+                                                         "rnmt_plus": rnmt}, decoder,
+                                          cascade_layers=2, columns=columns)))
 
 
 @pytest.fixture(scope="module", params=sorted(HYBRIDS))
@@ -101,8 +105,8 @@ def test_hybrid_source_padding_does_not_change_logits(hybrid):
 
 def test_multi_column_merge_normalises_each_column_then_projects_to_decoder_dim():
     keras.utils.set_random_seed(4)
-    model = build_model(_config("multi_column", d_model=8,
-                                hybrid={"columns": ["rnmt_plus", "transformer", "rnmt_plus"]}))
+    model = build_model(_config("multi_column",
+                                columns=("rnmt_plus", "transformer", "rnmt_plus")))
     enc = model.encoder
     assert [type(c) for c in enc.columns] == [RNMTPlusEncoder, TransformerEncoder,
                                              RNMTPlusEncoder]
@@ -132,8 +136,7 @@ def test_multi_column_merge_normalises_each_column_then_projects_to_decoder_dim(
 
 def test_cascaded_encoder_has_no_positions_and_normalised_input():
     keras.utils.set_random_seed(5)
-    model = build_model(_config("cascaded", input_dropout=0.0, residual_dropout=0.0,
-                                attention_dropout=0.0))
+    model = build_model(_config("cascaded", dropout=0.0))
     enc = model.encoder
     rnmt, transformer = enc.stages
     assert rnmt.name == "stage_0" and len(transformer.layers_) == 2
@@ -152,26 +155,29 @@ def test_hybrid_encoders_serialise():
         assert_config_roundtrip(model.encoder, lambda enc: enc(SRC)["memory"], atol=1e-5)
 
 
+def _cascade(**transformer):
+    return {"encoder": stack("cascaded", stages=[stack("rnmt_plus"),
+                                                 stack("transformer", **transformer)])}
+
+
 @pytest.mark.parametrize("model,key", [
-    (dict(architecture="cascaded", transparent_attention={"enabled": True}),
+    (merge(_cascade(num_heads=2), {"transparent_attention": {"enabled": True}}),
      "model.transparent_attention.enabled"),
-    (dict(architecture="multi_column", hybrid={"columns": []}),
-     "model.encoder.multi_column.columns"),
-    (dict(architecture="multi_column", hybrid={"columns": ["rnmt_plus", "lstm"]}),
+    ({"encoder": stack("multi_column", columns=[])}, "model.encoder.multi_column.columns"),
+    ({"encoder": stack("multi_column", columns=[stack("rnmt_plus"), {"type": "lstm"}])},
      "model.encoder.multi_column.columns[1].type"),
-    (dict(architecture="transformer_rnmt", tie_source_target_embeddings=True),
+    ({"tie_source_target_embeddings": True, "encoder": stack("transformer", num_heads=2)},
      "model.tie_source_target_embeddings"),
-    (dict(architecture="cascaded", d_model=12, num_heads=5),
+    (merge({"d_model": 12}, _cascade(num_heads=5)),
      "model.encoder.cascaded.stages[1].transformer.num_heads"),
-    (dict(architecture="cascaded", hybrid={"cascade_layers": 0}),
+    (_cascade(num_layers=0, num_heads=2),
      "model.encoder.cascaded.stages[1].transformer.num_layers"),
 ])
 def test_hybrid_config_errors_name_the_key(model, key):
-    keys = dict(vocab_size=V, d_model=D, num_heads=2, tie_softmax_embeddings=False,
-                tie_source_target_embeddings=False)
-    keys.update(model)
+    base = {"vocab_size": V, "d_model": D, "tie_source_target_embeddings": False,
+            "decoder": stack("rnmt_plus")}
     with pytest.raises(ConfigError, match=re.escape(key)):
-        flat_config(keys)
+        config(merge(base, model))
 
 
 HYBRID_CONFIGS = {"hybrid_transformer_enc_rnmt_dec.yaml": ("transformer", "rnmt_plus"),

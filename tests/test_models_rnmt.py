@@ -13,12 +13,12 @@ import pytest
 import keras
 from keras import ops
 
-from deep_nmt_tf.config import ConfigError, TransparentAttentionConfig, load_config
+from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.decoding import beam_search
 from deep_nmt_tf.models import Seq2SeqModel, build_model
 from deep_nmt_tf.models.rnmt import RNMTPlusDecoder, RNMTPlusEncoder, rnmt_embedding
-from flat_config import model_config
+from config_trees import model_config, stack
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,16 +27,17 @@ TGT = np.array([[1, 11, 12, 13, 14], [1, 15, 16, 0, 0]], "int32")
 V, D, U = 40, 8, 6  # vocabulary, d_model (embedding / memory width), LSTM units
 
 
-def _model_config(transparent=False, encoder_units=U, **overrides):
-    kwargs = dict(architecture="rnmt_plus", vocab_size=V, d_model=D, num_heads=2,
-                  encoder_layers=2, decoder_layers=3, input_dropout=0.2, residual_dropout=0.2,
-                  attention_dropout=0.2, tie_source_target_embeddings=False,
-                  tie_softmax_embeddings=False,
-                  rnmt=dict(encoder_units=encoder_units, decoder_units=U,
-                            attention_heads=2, attention_dim=D),
-                  transparent_attention=TransparentAttentionConfig(enabled=transparent))
-    kwargs.update(overrides)
-    return model_config(**kwargs)
+def _model_config(transparent=False, encoder_units=U, encoder_layers=2, decoder_layers=3,
+                  tie=False):
+    """RNMT+ with dropout 0.2 everywhere; ``tie``: tied source/target embeddings."""
+    dropout = {"embedding_dropout": 0.2, "dropout": 0.2}
+    return model_config({
+        "vocab_size": V, "d_model": D, "tie_source_target_embeddings": tie,
+        "transparent_attention": {"enabled": transparent},
+        "encoder": stack("rnmt_plus", num_layers=encoder_layers, units=encoder_units,
+                         **dropout),
+        "decoder": stack("rnmt_plus", num_layers=decoder_layers, units=U, attention_heads=2,
+                         attention_dim=D, attention_dropout=0.2, **dropout)})
 
 
 def _inputs(src=SRC, tgt=TGT):
@@ -85,8 +86,7 @@ def test_transparent_attention_mixes_before_the_projection(encoder_units):
     """M = 1 mix; the encoder projection is applied to the mix (Bapna et al. 2018); the
     embedding output is a source only when it has the layers' width (E == 2U).  Decoding with
     the mixed memory (and tied source/target embeddings) still equals teacher forcing."""
-    model = build_model(_model_config(transparent=True, encoder_units=encoder_units,
-                                      tie_source_target_embeddings=True))
+    model = build_model(_model_config(transparent=True, encoder_units=encoder_units, tie=True))
     assert model.encoder.embedding is model.decoder.embedding
     ta = model.transparent_attention
     assert ta.num_outputs == 1

@@ -5,24 +5,28 @@ import pytest
 import keras
 
 from deep_nmt_tf.models import Seq2SeqModel, TransformerEncoder, build_model
-from flat_config import model_config
+from config_trees import merge, model_config, stacks, transformer
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
 TGT = np.array([[1, 11, 12, 13, 14], [1, 15, 16, 0, 0]], "int32")
 
 
-def _model(**overrides):
-    kwargs = dict(vocab_size=40, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=2,
-                  decoder_layers=2)
-    kwargs.update(overrides)
-    return build_model(model_config(**kwargs))
+def _model(tie=True, encoder_layers=2, **both):
+    """A small Transformer; ``both``: keys of both stacks; ``tie``: the source/target embedding
+    and the softmax weights tied."""
+    tree = transformer(40, 16, num_heads=2, ffn_dim=32, encoder_layers=encoder_layers,
+                       decoder_layers=2, **both)
+    if not tie:
+        tree = merge(tree, {"tie_source_target_embeddings": False},
+                     stacks(decoder={"tie_softmax": False}))
+    return build_model(model_config(tree))
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("tie", [True, False])
 def test_cached_decoding_equals_teacher_forcing(norm, tie):
-    model = _model(norm=norm, tie_source_target_embeddings=tie, tie_softmax_embeddings=tie)
+    model = _model(norm=norm, tie=tie)
     full = to_numpy(model({"source_ids": SRC, "target_input_ids": TGT}))
     state = model.init_decoder_state(model.encode(SRC), max_length=TGT.shape[1])
     for t in range(TGT.shape[1]):
@@ -40,7 +44,7 @@ def test_source_padding_does_not_change_outputs():
 
 def test_tying_shares_one_matrix():
     tied = _model()
-    untied = _model(tie_source_target_embeddings=False, tie_softmax_embeddings=False)
+    untied = _model(tie=False)
     extra = untied.count_params() - tied.count_params()
     assert extra == 40 * 16 + (16 * 40 + 40)  # target embedding + softmax kernel/bias
 
@@ -75,12 +79,12 @@ def test_encoder_round_trip_and_layer_outputs():
 
 def test_build_model_requires_vocab_size():
     with pytest.raises(ValueError, match="vocab_size"):
-        Seq2SeqModel(model_config(vocab_size=0, d_model=16, num_heads=2))
+        Seq2SeqModel(model_config(merge({"vocab_size": 0, "d_model": 16},
+                                        stacks({"num_heads": 2}))))
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_model_runs_in_mixed_bfloat16_with_float32_logits(norm):
-    kwargs = dict(vocab_size=40, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=2,
-                  decoder_layers=2, norm=norm)
-    assert_model_mixed_precision(lambda d: build_model(model_config(**kwargs), dtype=d), SRC,
-                                 TGT)
+    tree = transformer(40, 16, num_heads=2, ffn_dim=32, encoder_layers=2, decoder_layers=2,
+                       norm=norm)
+    assert_model_mixed_precision(lambda d: build_model(model_config(tree), dtype=d), SRC, TGT)

@@ -54,7 +54,7 @@ def test_build_lists_every_module_tool_and_test():
     expected.discard("tools/__init__.py")
     assert not expected - listed, f"missing from BUILD: {sorted(expected - listed)}"
     assert not listed - expected - {"tests/conftest.py", "tests/keras_test_utils.py",
-                                  "tests/flat_config.py"}, \
+                                  "tests/config_trees.py"}, \
         f"BUILD lists files that do not exist: {sorted(listed - expected)}"
 
 
@@ -140,16 +140,25 @@ def test_no_import_cycles_in_the_package():
 
 
 def test_layering():
-    """layers/, models/, decoding/, config/ and fit/ (and the fit route's data/batching.py,
-    data/token_ids.py, progress.py) never import TensorFlow (nor config/ Keras); export/ never
-    imports training/."""
+    """layers/, models/, decoding/, config/, task/ and fit/ (and the fit route's
+    data/batching.py, data/token_ids.py, progress.py) never import TensorFlow (nor config/
+    Keras); export/ and inference/ never import training/; the two training routes, training/
+    and fit/, share only the task (neither imports the other); no core module imports the
+    workflows (experiments/, benchmark/)."""
     graph = _import_graph()
+    workflows = ("deep_nmt_tf.experiments", "deep_nmt_tf.benchmark")
     for name, edges in graph.items():
-        if name.startswith("deep_nmt_tf.export"):
+        if name.startswith("deep_nmt_tf.export") or name.startswith("deep_nmt_tf.inference"):
             assert not any(e.startswith("deep_nmt_tf.training") for e in edges), (name, edges)
+        if not name.startswith(workflows):  # the workflows are not part of the core
+            assert not any(e.startswith(workflows) for e in edges), (name, edges)
+        for route, other in (("training", "fit"), ("fit", "training")):
+            if name.startswith(f"deep_nmt_tf.{route}"):
+                assert not any(e.startswith(f"deep_nmt_tf.{other}") for e in edges), \
+                    (name, edges)
     tf = ("tensorflow", "tensorflow_text")
     for package, banned in (("layers", tf), ("models", tf), ("decoding", tf),
-                            ("config", tf + ("keras",)), ("fit", tf),
+                            ("config", tf + ("keras",)), ("task", tf), ("fit", tf),
                             # The Keras route's data and progress (fit on a JAX-only machine).
                             ("data/batching.py", tf), ("data/token_ids.py", tf),
                             ("progress.py", tf + ("keras",))):
@@ -163,11 +172,42 @@ def test_layering():
 
 
 def test_modules_stay_small():
-    """No module of the package over 600 lines; the trainer (one update) at most 450."""
-    for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", "**", "*.py"), recursive=True):
+    """No module of the package or of tools/ over 600 lines; the trainer (one update) at most
+    450."""
+    for path in (glob.glob(os.path.join(ROOT, "deep_nmt_tf", "**", "*.py"), recursive=True)
+                 + glob.glob(os.path.join(ROOT, "tools", "*.py"))):
         lines = sum(1 for _ in open(path, encoding="utf-8"))
         limit = 450 if path.endswith(os.path.join("training", "trainer.py")) else 600
         assert lines <= limit, f"{os.path.relpath(path, ROOT)}: {lines} lines (limit {limit})"
+
+
+def test_n_best_against_the_beam_is_checked_in_one_function():
+    """Only config/rules.py's check_search_options compares n_best with the beam size; every
+    other place takes a SearchOptions (or the check's error)."""
+    found = []
+    for path in glob.glob(os.path.join(ROOT, "deep_nmt_tf", "**", "*.py"), recursive=True) + \
+            glob.glob(os.path.join(ROOT, "tools", "*.py")):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Compare):
+                    text = ast.unparse(node)
+                    if "n_best" in text and "beam" in text:
+                        found.append(f"{os.path.relpath(path, ROOT)}:{func.name}")
+    assert sorted(set(found)) == [os.path.join("deep_nmt_tf", "config", "rules.py")
+                                  + ":check_search_options"], found
+
+
+def test_only_the_legacy_tests_use_the_0_1_layout():
+    """Test configs are written in the current layout (tests/config_trees.py); the 0.1 layout
+    and its upgrade (config/legacy.py) appear in tests/test_config_legacy.py alone."""
+    for path in glob.glob(os.path.join(ROOT, "tests", "*.py")):
+        if os.path.basename(path) in ("test_config_legacy.py", "test_packaging.py"):
+            continue
+        source = open(path, encoding="utf-8").read()
+        assert "config.legacy" not in source and "flat_config" not in source, path
 
 
 def _readme_section(title):

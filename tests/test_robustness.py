@@ -26,11 +26,13 @@ import yaml
 
 from deep_nmt_tf import checkpointing
 from deep_nmt_tf.checkpointing import CheckpointError
+from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.config import ConfigError, config_from_dict, load_config
 from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.run_dir import RunDir, RunDirError
-from deep_nmt_tf.training import TrainingDiverged
+from deep_nmt_tf.training import Runner, TrainingDiverged
 from deep_nmt_tf.training.health import HealthMonitor
+from config_trees import constant
 from test_decoding_helpers import TINY
 from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config
 
@@ -213,7 +215,7 @@ CONFIG_6 = dict(train_steps=6, checkpoint_every=2, keep_checkpoints=3, log_every
 def base_run(tmp_path_factory):
     run = str(tmp_path_factory.mktemp("base") / "run")
     cls = make_trainer_class(make_batches(4))
-    cls(tiny_config(**CONFIG_6), run).train()
+    Runner(tiny_config(**CONFIG_6), run, trainer=cls).run()
     assert sorted(f for f in os.listdir(run) if f.endswith(".index")) == [
         "ckpt-2.index", "ckpt-4.index", "ckpt-6.index"]
     return run, cls
@@ -231,10 +233,11 @@ def test_checkpoint_cases(base_run, tmp_path, caplog, case, damage, start_over, 
     with caplog.at_level(logging.WARNING, logger="absl"):
         if isinstance(expected, str):
             with pytest.raises(CheckpointError, match=expected):
-                cls(tiny_config(**CONFIG_6), run, start_over=start_over)
+                Runner(tiny_config(**CONFIG_6), run, trainer=cls, start_over=start_over)
             assert _digest(run) == before  # Refused: nothing touched.
             return
-        trainer = cls(tiny_config(**CONFIG_6), run, start_over=start_over)
+        trainer = Runner(tiny_config(**CONFIG_6), run, trainer=cls,
+                         start_over=start_over).trainer
     assert int(trainer.step.numpy()) == expected
     for pattern in warnings:
         assert any(re.search(pattern, m) for m in _messages(caplog).split("\n")), \
@@ -256,9 +259,10 @@ def test_rotation_after_a_fallback_deletes_only_older_checkpoints(base_run, tmp_
     run = str(tmp_path / "run")
     shutil.copytree(source, run)
     damage(run)
-    trainer = cls(tiny_config(**dict(CONFIG_6, train_steps=10)), run)
+    runner = Runner(tiny_config(**dict(CONFIG_6, train_steps=10)), run, trainer=cls)
+    trainer = runner.trainer
     assert int(trainer.step.numpy()) == 4
-    trainer.train()
+    runner.run()
     indexes = sorted(f for f in os.listdir(run) if ".index" in f)
     expected = ["ckpt-10.index", "ckpt-6.index", "ckpt-8.index"]
     if os.path.exists(os.path.join(run, "ckpt-6.index.unreadable")):
@@ -273,7 +277,7 @@ def test_latest_checkpoint_of_tools_skips_damaged_ones(base_run, tmp_path, caplo
     shutil.copytree(source, run)
     _damage_data(6, "flip")(run)
     with caplog.at_level(logging.WARNING, logger="absl"):
-        assert RunDir(run).latest_checkpoint().endswith("ckpt-4")
+        assert CheckpointStore(run).latest().endswith("ckpt-4")
     assert "Skipping checkpoint" in _messages(caplog)
     assert os.path.exists(os.path.join(run, "ckpt-6.index"))  # Tools only read.
 
@@ -300,9 +304,10 @@ def test_non_finite_streak_stops_naming_the_last_good_checkpoint(tmp_path):
     run = str(tmp_path / "run")
     config = tiny_config(NO_DROPOUT, train_steps=50, checkpoint_every=2, keep_checkpoints=1,
                          log_every=1, max_consecutive_skipped=4)
-    trainer = _nan_after(2)(config, run)
+    runner = Runner(config, run, trainer=_nan_after(2))
+    trainer = runner.trainer
     with pytest.raises(TrainingDiverged) as error:
-        trainer.train()
+        runner.run()
     message = str(error.value)
     assert "the last 4 updates (steps 3-6) were all skipped" in message, message
     assert f"The last good checkpoint is {os.path.join(run, 'ckpt-2')} (step 2" in message
@@ -314,8 +319,9 @@ def test_non_finite_streak_stops_naming_the_last_good_checkpoint(tmp_path):
 def test_max_consecutive_skipped_zero_never_stops(tmp_path):
     config = tiny_config(NO_DROPOUT, train_steps=4, checkpoint_every=10, log_every=2,
                          max_consecutive_skipped=0)
-    trainer = _nan_after(0)(config, str(tmp_path / "run"))
-    trainer.train()
+    runner = Runner(config, str(tmp_path / "run"), trainer=_nan_after(0))
+    trainer = runner.trainer
+    runner.run()
     assert int(trainer.skipped_updates.numpy()) == 4
 
 
@@ -344,9 +350,9 @@ def test_loss_explosion_warning(caplog, case, losses, factor, warn_steps):
 
 def test_exploding_learning_rate_is_warned_about_in_training(tmp_path, caplog):
     config = tiny_config(NO_DROPOUT, train_steps=4, checkpoint_every=100, log_every=1,
-                         learning_rate=30.0, max_consecutive_skipped=0)
+                         schedule=constant(30.0), max_consecutive_skipped=0)
     with caplog.at_level(logging.WARNING, logger="absl"):
-        make_trainer_class(make_batches(4))(config, str(tmp_path / "run")).train()
+        Runner(config, str(tmp_path / "run"), trainer=make_trainer_class(make_batches(4))).run()
     assert "the loss is exploding" in _messages(caplog)
 
 
@@ -354,7 +360,7 @@ def test_eval_every_without_a_dev_set_is_warned_about(tmp_path, caplog):
     cls = make_trainer_class(make_batches(2))
     cls.build_eval_dataset = lambda self: None
     with caplog.at_level(logging.WARNING, logger="absl"):
-        cls(tiny_config(train_steps=1, eval_every=1), str(tmp_path / "run")).train()
+        Runner(tiny_config(train_steps=1, eval_every=1), str(tmp_path / "run"), trainer=cls).run()
     assert "training.eval_every=1, but there is no dev set" in _messages(caplog)
 
 
@@ -447,11 +453,9 @@ def real_run(tmp_path_factory):
     """A trained run directory (ckpt-2, ckpt-4) and a second one of a different model."""
     from deep_nmt_tf.checkpointing import model_checkpoint
     from deep_nmt_tf.models import build_model
-    from deep_nmt_tf.training import Trainer
-
     base = tmp_path_factory.mktemp("tools")
     run = str(base / "run")
-    Trainer(config_from_dict(RUN, source="<robustness run>"), run).train()
+    Runner(config_from_dict(RUN, source="<robustness run>"), run).run()
     config = RunDir(run).load_config()
     other = config_from_dict({"model": dict(TINY["model"], d_model=16,
                                             vocab_size=config.model.vocab_size)})
@@ -656,7 +660,7 @@ def test_the_checkpoints_of_a_relative_run_directory_are_found_without_warnings(
     monkeypatch.chdir(tmp_path)
     with caplog.at_level(logging.WARNING, logger="absl"):
         found = checkpointing.find_checkpoints("moved")
-        latest = checkpointing.latest_checkpoint("moved")
+        latest = CheckpointStore("moved").latest()
     assert found and all(os.path.dirname(p) == "moved" for p in found), found
     assert latest == os.path.join("moved", "ckpt-4")
     assert not _messages(caplog, logging.WARNING), _messages(caplog, logging.WARNING)
@@ -774,7 +778,7 @@ def test_build_vocab_overwrite_is_explicit(real_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def translator(real_run):
-    from deep_nmt_tf.export.translator import Translator
+    from deep_nmt_tf.inference import Translator
 
     return Translator.from_model_dir(real_run["run"], jit_compile=False)
 
@@ -839,7 +843,7 @@ class _ChunkedTranslator:
         return 1, 0.6, 1, 2
 
     def translate_chunks(self, lines, progress=None, **options):
-        from deep_nmt_tf.export.translator import Hypothesis
+        from deep_nmt_tf.inference import Hypothesis
 
         yield [[Hypothesis(f"T({line})", 0.0, ())] for line in lines[:2]]
         raise _Interrupted()
@@ -915,15 +919,16 @@ def test_signal_stops_after_the_update_with_a_checkpoint(tmp_path, sigint_not_ig
     from deep_nmt_tf.training import TrainingInterrupted
 
     run = str(tmp_path / "run")
-    trainer = make_trainer_class(make_batches(4))(
-        tiny_config(train_steps=50, checkpoint_every=every, log_every=1), run)
+    runner = Runner(tiny_config(train_steps=50, checkpoint_every=every, log_every=1), run,
+                    trainer=make_trainer_class(make_batches(4)))
+    trainer = runner.trainer
 
     def send(trainer_, step, logs):
         if step == after:
             os.kill(os.getpid(), sig)
 
     with pytest.raises(TrainingInterrupted) as stopped:
-        trainer.train(hooks=[send])
+        runner.run(hooks=[send])
     name = signal.Signals(sig).name
     assert str(stopped.value) == (f"interrupted by {name} at step {after}; saved "
                                   f"{os.path.join(run, f'ckpt-{after}')}. Run the same command "

@@ -502,7 +502,7 @@ def test_xla_cache_lives_in_a_directory_per_cpu_and_prunes_all_of_them(tmp_path,
 def test_a_search_cache_entry_of_another_cpu_is_not_loaded(tmp_path_factory, tmp_path,
                                                           monkeypatch):
     from deep_nmt_tf import hardware
-    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.inference import Translator
     from test_decoding_helpers import trained_model_dir
 
     model_dir = trained_model_dir(tmp_path_factory)

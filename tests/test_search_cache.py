@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from deep_nmt_tf.export import Translator
+from deep_nmt_tf.inference import Translator
 from deep_nmt_tf.export.search_cache import search_key
 from test_decoding_helpers import trained_model_dir
 
@@ -100,7 +100,7 @@ def test_fresh_process_uses_the_entries_with_xla(model_dir, tmp_path):
     by the next without building the model."""
     cache = str(tmp_path / "searches")
     code = ("import json, sys\n"
-            "from deep_nmt_tf.export import Translator\n"
+            "from deep_nmt_tf.inference import Translator\n"
             f"t = Translator.from_model_dir({model_dir!r}, search_cache={cache!r})\n"
             "assert t.jit_compile\n"
             f"h = t.translate({SENTENCES!r})\n"
@@ -137,7 +137,7 @@ def test_host_source_preparation_matches_the_graph_one(model_dir, tmp_path):
     rows, padding to a multiple."""
     import tensorflow as tf
 
-    from deep_nmt_tf.export.translator import prepare_source
+    from deep_nmt_tf.export.module import prepare_source
 
     translator = Translator.from_model_dir(model_dir, jit_compile=False,
                                            search_cache=str(tmp_path / "searches"))

@@ -21,7 +21,7 @@ def run_dir(tmp_path_factory):
     """A tiny Transformer with transparent attention, DLCL and lexical shortcuts trained 3
     steps on a small synthetic corpus by the real trainer, with every diagnostic on."""
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     model_dir = str(tmp_path_factory.mktemp("diag_run"))
     overrides = [
@@ -38,7 +38,7 @@ def run_dir(tmp_path_factory):
          for key in ("num_heads=2", "ffn_dim=32", "dlcl.enabled=true",
                      "lexical_shortcuts.enabled=true")]
     config = load_config(os.path.join(ROOT, "configs", "demo.yaml"), overrides)
-    Trainer(config, model_dir).train()
+    Runner(config, model_dir).run()
     return model_dir
 
 

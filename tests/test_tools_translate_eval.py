@@ -83,7 +83,7 @@ def test_evaluate_refuses_flags_its_mode_ignores(args, message, tmp_path):
 def test_scores_of_a_lowercased_model_are_case_insensitive():
     """deep-nmt-evaluate and the dev BLEU of training score a model trained on lowercased
     text (data.lowercase) case-insensitively, and the signature says so."""
-    from deep_nmt_tf.training.metrics import corpus_bleu
+    from deep_nmt_tf.decoding.scoring import corpus_bleu
 
     lowered = [r.lower() for r in REFERENCES]
     scores = corpus_scores(lowered, REFERENCES, lowercase=True)
@@ -109,7 +109,7 @@ def test_checkpoint_window_and_stats():
 
 @pytest.fixture(scope="module")
 def translator(tmp_path_factory):
-    from deep_nmt_tf.export import Translator
+    from deep_nmt_tf.inference import Translator
 
     # The plain graph (no XLA): the tools' logic does not depend on it, and it saves compiling
     # each new shape (the export tests cover the XLA default).
@@ -188,8 +188,8 @@ def _test_split_refs(path):
 def test_average_checkpoints(translator, tmp_path):
     import tensorflow as tf
 
-    from deep_nmt_tf.export import Translator
-    from deep_nmt_tf.export.averaging import average_checkpoints
+    from deep_nmt_tf.inference import Translator
+    from deep_nmt_tf.checkpoints.averaging import average_checkpoints
     from deep_nmt_tf.checkpointing import list_checkpoints
     from deep_nmt_tf.checkpointing import restore_model_weights as restore_model
     from deep_nmt_tf.models import build_model

@@ -19,7 +19,8 @@ SCRIPT = textwrap.dedent("""
     import keras
     import numpy as np
 
-    from deep_nmt_tf.training import make_strategy
+    from config_trees import constant
+    from deep_nmt_tf.training import Runner, make_strategy
     from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class,
                                        optimizer_state, tiny_config, weights)
 
@@ -46,17 +47,21 @@ SCRIPT = textwrap.dedent("""
 
     # 2. The trainer: one global batch per update, default strategy vs two replicas.
     batches = make_batches(4, batch_size=8, seed=21)
-    common = dict(train_steps=2, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=1,
+    common = dict(train_steps=2, adam_epsilon=1.0, schedule=constant(0.5), checkpoint_every=1,
                   clip_norm=0.3, weight_decay=1e-3)
+
+    runners = {{}}
 
     def run(strategy, split, model_dir, setup=None, hooks=(), **extra):
         cls = make_trainer_class(batches, split=split)
-        trainer = cls(tiny_config(NO_DROPOUT, **{{**common, **extra}}), model_dir,
-                      strategy=strategy)
+        runner = Runner(tiny_config(NO_DROPOUT, **{{**common, **extra}}), model_dir,
+                        strategy=strategy, trainer=cls)
+        trainer = runners[model_dir] = runner.trainer
         if setup is not None:
             setup(trainer)
         logs = []
-        trainer.train(hooks=[lambda t, s, l: logs.append(l)] + list(hooks))
+        runner.run(hooks=[lambda t, s, l: logs.append(l)] + list(hooks))
+        runners[model_dir] = runner
         return trainer, logs
 
     default, logs_d = run(make_strategy("default"), 1, "{tmp}/default")
@@ -77,24 +82,29 @@ SCRIPT = textwrap.dedent("""
     print("mirrored == default: ok")
 
     # Evaluation (on the first device, in cross-replica context) works under the strategy.
-    ev_m, ev_d = replicas.evaluate(write_summaries=False), default.evaluate(write_summaries=False)
+    replicas_run, default_run = runners["{tmp}/mirrored"], runners["{tmp}/default"]
+    ev_m = replicas_run.evaluate(write_summaries=False)
+    ev_d = default_run.evaluate(write_summaries=False)
     assert sorted(ev_m) == ["bleu", "loss", "nll", "perplexity"], ev_m
     np.testing.assert_allclose(ev_m["loss"], ev_d["loss"], rtol=1e-5)
     print("evaluation under mirrored: ok")
 
     # 3. Stop after 1 step, resume under the strategy (the consumed batches are skipped).
     cls = make_trainer_class(batches, split=2)
-    cls(tiny_config(NO_DROPOUT, **common), "{tmp}/resumed", strategy=mirrored).train(max_steps=1)
-    resumed = cls(tiny_config(NO_DROPOUT, **common), "{tmp}/resumed", strategy=mirrored)
+    Runner(tiny_config(NO_DROPOUT, **common), "{tmp}/resumed", strategy=mirrored,
+           trainer=cls).run(max_steps=1)
+    runner = Runner(tiny_config(NO_DROPOUT, **common), "{tmp}/resumed", strategy=mirrored,
+                    trainer=cls)
+    resumed = runner.trainer
     assert int(resumed.step.numpy()) == 1 and int(resumed.data_position.numpy()) == 1
-    resumed.train()
+    runner.run()
     for a, b in zip(weights(resumed), weights(replicas)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     print("mirrored resume: ok")
 
     # 4. A checkpoint written under MirroredStrategy resumes under the default strategy.
     cls = make_trainer_class(batches, split=1)
-    restored = cls(tiny_config(NO_DROPOUT, **common), "{tmp}/mirrored")
+    restored = Runner(tiny_config(NO_DROPOUT, **common), "{tmp}/mirrored", trainer=cls).trainer
     assert int(restored.step.numpy()) == 2
     for a, b in zip(weights(restored), weights(replicas)):
         np.testing.assert_array_equal(a, b)

@@ -17,20 +17,26 @@ ROOT = os.path.dirname(HERE)
 VOCAB = 24
 
 
-def tiny_config(model=None, **training):
-    """A validated Config: 1+1 layers, d_model 16, vocab 24; ``training`` (and the ``model``
-    dict) override keys, both in the flat 0.1 vocabulary of ``tests/flat_config.py``."""
-    from flat_config import flat_config
+def tiny_model(model=None):
+    """The tiny Transformer's model section (1+1 layers, d_model 16, vocab 24, dropout 0.1)
+    with ``model`` (a current-layout model section) merged in."""
+    from config_trees import merge, transformer
 
-    model_keys = dict(vocab_size=VOCAB, d_model=16, num_heads=2, ffn_dim=32, encoder_layers=1,
-                      decoder_layers=1, input_dropout=0.1, residual_dropout=0.1)
-    model_keys.update(model or {})
-    train = dict(train_steps=10, learning_rate=3e-3, schedule="constant", warmup_steps=0,
-                 log_every=5, checkpoint_every=5, keep_checkpoints=3, eval_every=0,
-                 label_smoothing=0.1, seed=7)
+    return merge(transformer(VOCAB, 16, num_heads=2, ffn_dim=32, encoder_layers=1,
+                             decoder_layers=1, input_dropout=0.1, residual_dropout=0.1), model)
+
+
+def tiny_config(model=None, **training):
+    """A validated Config of :func:`tiny_model`; ``training`` keys replace the tiny training
+    section's (constant learning rate 3e-3: ``schedule=constant(...)`` for another).  Both in
+    the current layout (``tests/config_trees.py``)."""
+    from config_trees import config, constant
+
+    train = dict(train_steps=10, schedule=constant(3e-3), log_every=5, checkpoint_every=5,
+                 keep_checkpoints=3, eval_every=0, label_smoothing=0.1, seed=7)
     train.update(training)
-    return flat_config(model_keys, train, data={"corpus": "synthetic"},
-                       decoding={"max_length_a": 1.0, "max_length_b": 3})
+    return config(tiny_model(model), train, data={"corpus": "synthetic"},
+                  decoding={"max_length_a": 1.0, "max_length_b": 3})
 
 
 def copy_batch(rng, batch_size, max_len=7):
@@ -78,7 +84,9 @@ def batches_dataset(batches, split=1):
     return tf.data.Dataset.from_generator(gen, output_signature=spec)
 
 
-NO_DROPOUT = dict(input_dropout=0.0, residual_dropout=0.0)
+#: No dropout in either Transformer stack (a model section to merge).
+NO_DROPOUT = {stack: {"transformer": {"input_dropout": 0.0, "residual_dropout": 0.0}}
+              for stack in ("encoder", "decoder")}
 
 
 def make_trainer_class(train_batches=None, split=1):

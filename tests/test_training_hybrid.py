@@ -10,34 +10,43 @@ import pytest
 import tensorflow as tf
 
 from deep_nmt_tf.config import ConfigError
-from test_training_helpers import NO_DROPOUT, ROOT, make_batches, make_trainer_class, tiny_config
+from config_trees import architecture, constant, merge
+from test_training_helpers import ROOT, make_batches, make_trainer_class, tiny_config
 
-RNMT = {"encoder_units": 8, "decoder_units": 16, "attention_heads": 2, "attention_dim": 16}
+def _model(name, encoder_layers=2, encoder_units=8):
+    """A tiny model of architecture ``name`` without dropout (RNMT+ decoder: 16 units, 2
+    attention heads of 8 dimensions; a cascade's Transformer stage: 1 layer)."""
+    transformer = {"num_heads": 2, "ffn_dim": 32, "input_dropout": 0.0, "residual_dropout": 0.0}
+    rnmt = {"embedding_dropout": 0.0, "dropout": 0.0}
+    encoder = {"transformer": dict(transformer, num_layers=encoder_layers),
+               "rnmt_plus": dict(rnmt, num_layers=encoder_layers, units=encoder_units)}
+    decoder = {"transformer": dict(transformer, num_layers=1,
+                                   tie_softmax=name == "rnmt_transformer"),
+               "rnmt_plus": dict(rnmt, num_layers=1, units=16, attention_dropout=0.0,
+                                 attention_heads=2, attention_dim=16)}
+    return merge({"tie_source_target_embeddings": False}, architecture(name, encoder, decoder))
 
 
-def _model(architecture, **keys):
-    model = dict(architecture=architecture, tie_source_target_embeddings=False,
-                 tie_softmax_embeddings=architecture == "rnmt_transformer", rnmt=dict(RNMT),
-                 hybrid={"cascade_layers": 1, "columns": ["rnmt_plus", "transformer"]},
-                 encoder_layers=2, **NO_DROPOUT)
-    model.update(keys)
-    return model
-
-
-def _losses(trainer):
+def _losses(runner):
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l["loss"])])
+    runner.run(hooks=[lambda t, s, l: logs.append(l["loss"])])
     return logs
+
+
+def _runner(cfg, model_dir, cls=None):
+    from deep_nmt_tf.training import Runner
+
+    return Runner(cfg, model_dir, trainer=cls or make_trainer_class())
 
 
 # The cascade trains (warm-started and partly frozen) in the warm-start test below; the
 # multi-column hybrid on the demo corpus in the export test at the end.
 @pytest.mark.parametrize("architecture", ["transformer_rnmt", "rnmt_transformer"])
 def test_hybrid_trains_with_falling_loss(tmp_path, architecture):
-    cfg = tiny_config(_model(architecture, encoder_layers=1), train_steps=12, learning_rate=1e-2,
-                      checkpoint_every=100)
-    trainer = make_trainer_class(make_batches(2, batch_size=8, seed=1))(cfg, str(tmp_path))
-    losses = _losses(trainer)
+    cfg = tiny_config(_model(architecture, encoder_layers=1), train_steps=12,
+                      schedule=constant(1e-2), checkpoint_every=100)
+    cls = make_trainer_class(make_batches(2, batch_size=8, seed=1))
+    losses = _losses(_runner(cfg, str(tmp_path), cls))
     assert np.isfinite(losses).all(), losses
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
 
@@ -47,9 +56,9 @@ def source_run(tmp_path_factory):
     """An RNMT+ run (2 encoder layers) whose final checkpoint the cascade starts from."""
     model_dir = str(tmp_path_factory.mktemp("rnmt"))
     cfg = tiny_config(_model("rnmt_plus"), train_steps=2, checkpoint_every=100)
-    trainer = make_trainer_class()(cfg, model_dir)
-    trainer.train()
-    return model_dir, trainer
+    runner = _runner(cfg, model_dir)
+    runner.run()
+    return model_dir, runner.trainer
 
 
 @pytest.mark.slow
@@ -65,12 +74,13 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
         f"model/variables/{index[id(v)]}/.ATTRIBUTES/VARIABLE_VALUE")
         for v in source.model.encoder.weights}
 
-    cfg = tiny_config(_model("cascaded"), train_steps=12, learning_rate=1e-2,
+    cfg = tiny_config(_model("cascaded"), train_steps=12, schedule=constant(1e-2),
                       checkpoint_every=100,
                       warm_start={"checkpoint": source_dir, "source": "encoder",
                                   "target": "encoder/stages/0"},
                       freeze=["encoder/stages/0"])
-    trainer = make_trainer_class()(cfg, str(tmp_path / "cascaded"))
+    runner = _runner(cfg, str(tmp_path / "cascaded"))
+    trainer = runner.trainer
     rnmt = trainer.model.encoder.stages[0]
     rprefix = rnmt.path + "/"
     got = {v.path[len(rprefix):]: v.numpy() for v in rnmt.weights}
@@ -94,7 +104,7 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
     assert len(trainable) == len(trainer.model.trainable_variables) - len(
         rnmt.trainable_weights)
     before = {v.path: v.numpy().copy() for v in trainer.model.weights}
-    losses = _losses(trainer)
+    losses = _losses(runner)
     assert np.mean(losses[-3:]) < losses[0] - 0.15, losses  # the cascade trains
     for v in trainer.model.weights:
         if id(v) in rnmt_ids:
@@ -107,11 +117,11 @@ def test_warm_start_loads_exactly_the_named_variables_and_freezing_holds(tmp_pat
 
 def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
     source_dir, _ = source_run
-    bad = _model("cascaded", rnmt=dict(RNMT, encoder_units=4), encoder_layers=3)
+    bad = _model("cascaded", encoder_layers=3, encoder_units=4)
     cfg = tiny_config(bad, warm_start={"checkpoint": source_dir, "source": "encoder",
                                        "target": "encoder/stages/0"})
     with pytest.raises(ConfigError) as e:
-        make_trainer_class()(cfg, str(tmp_path / "bad"))
+        _runner(cfg, str(tmp_path / "bad"))
     msg = str(e.value)
     assert "training.warm_start" in msg
     assert "layer_2/forward/cell/kernel: only in this model's encoder/stages/0" in msg
@@ -125,7 +135,7 @@ def test_warm_start_mismatch_lists_the_variables(tmp_path, source_run):
 def test_bad_warm_start_or_freeze_paths_name_the_key(tmp_path, training, key):
     cfg = tiny_config(_model("cascaded"), **training)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.").replace("[", r"\[")):
-        make_trainer_class()(cfg, str(tmp_path / "run"))
+        _runner(cfg, str(tmp_path / "run"))
 
 
 @pytest.mark.slow
@@ -134,8 +144,9 @@ def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
     trains on the synthetic demo corpus (loss falling), beam-searches, and the exported
     SavedModel translates as the in-process translator does."""
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.export import export_model_dir, load_saved_model
+    from deep_nmt_tf.inference import Translator
+    from deep_nmt_tf.training import Runner
 
     overrides = [
         "model.encoder.type=multi_column",
@@ -156,7 +167,7 @@ def test_multi_column_trains_on_demo_corpus_decodes_and_exports(tmp_path):
         "decoding.max_length_a=1.0"]
     config = load_config(os.path.join(ROOT, "configs", "rnmt_plus_demo.yaml"), overrides)
     model_dir = str(tmp_path / "run")
-    losses = _losses(Trainer(config, model_dir))
+    losses = _losses(Runner(config, model_dir))
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
     translator = Translator.from_model_dir(model_dir)
     assert type(translator.model.encoder).__name__ == "MultiColumnEncoder"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from deep_nmt_tf.training.losses import cross_entropy_sums, loss_denominator
+from deep_nmt_tf.task.losses import cross_entropy_sums, loss_denominator
 
 
 def _reference(logits, labels, eps):

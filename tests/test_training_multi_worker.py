@@ -28,16 +28,17 @@ import time
 import numpy as np
 import pytest
 
+from config_trees import constant
 from test_training_helpers import HERE, ROOT, NO_DROPOUT, make_batches, make_trainer_class
 
-COMMON = dict(adam_epsilon=1.0, learning_rate=0.5, clip_norm=0.3, checkpoint_every=2,
+COMMON = dict(adam_epsilon=1.0, schedule=constant(0.5), clip_norm=0.3, checkpoint_every=2,
               log_every=2, keep_checkpoints=5)
 COMPARE_AT = 4
 
 WORKER = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    from deep_nmt_tf.training import TrainingInterrupted, WorkerLost, make_strategy
+    from deep_nmt_tf.training import Runner, TrainingInterrupted, WorkerLost, make_strategy
     from test_training_helpers import (NO_DROPOUT, batches_dataset, make_batches,
                                        make_trainer_class, tiny_config, weights)
 
@@ -50,8 +51,9 @@ WORKER = textwrap.dedent("""
             dataset = batches_dataset(self.train_batches, self.split)
             return dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
 
-    trainer = Worker(tiny_config(NO_DROPOUT, train_steps=steps, **{common}), model_dir,
-                     strategy=strategy)
+    runner = Runner(tiny_config(NO_DROPOUT, train_steps=steps, **{common}), model_dir,
+                    strategy=strategy, trainer=Worker)
+    trainer = runner.trainer
     print("resumed at step", int(trainer.step.numpy()), flush=True)
 
     def hook(trainer, step, logs):
@@ -62,7 +64,7 @@ WORKER = textwrap.dedent("""
             time.sleep(0.5)  # time for the test to kill a worker
 
     try:
-        trainer.train(hooks=[hook])
+        runner.run(hooks=[hook])
     except WorkerLost as e:
         print("error:", e, flush=True)
         sys.exit(1)
@@ -134,10 +136,12 @@ def test_two_workers_on_loopback(tmp_path):
         reference = make_trainer_class(make_batches(4, batch_size=8, seed=21), split=1)
         from test_training_helpers import tiny_config, weights
 
-        single = reference(tiny_config(NO_DROPOUT, train_steps=COMPARE_AT, **COMMON),
-                           str(tmp_path / "single"))
-        single.train()
-        expected = weights(single)
+        from deep_nmt_tf.training import Runner
+
+        single = Runner(tiny_config(NO_DROPOUT, train_steps=COMPARE_AT, **COMMON),
+                        str(tmp_path / "single"), trainer=reference)
+        single.run()
+        expected = weights(single.trainer)
 
         # 1. Same weights after 4 updates, on both workers.
         _wait_for(workers, f"step {COMPARE_AT + 2}\n", 1)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from deep_nmt_tf.task import build_optimizer, decayed_variable_mask
 from deep_nmt_tf.training import optimizers
 from deep_nmt_tf.training.strategy import is_chief, make_strategy
 from test_training_helpers import tiny_config
@@ -12,7 +13,7 @@ from test_training_helpers import tiny_config
 
 def test_adam_hyper_parameters_from_config():
     cfg = tiny_config(adam_beta1=0.8, adam_beta2=0.997, adam_epsilon=1e-6)
-    opt = optimizers.build_optimizer(cfg, 1e-3)
+    opt = build_optimizer(cfg, 1e-3, optimizer_class=optimizers.ReducedGradientsAdam)
     assert isinstance(opt, keras.optimizers.Adam)
     assert (opt.beta_1, opt.beta_2, opt.epsilon) == (0.8, 0.997, 1e-6)
 
@@ -21,7 +22,7 @@ def test_adam_without_strategy_is_plain_adam():
     cfg = tiny_config()
     w1 = keras.Variable(np.ones([3, 2], np.float32))
     w2 = keras.Variable(np.ones([3, 2], np.float32))
-    ours = optimizers.build_optimizer(cfg, 0.1)
+    ours = build_optimizer(cfg, 0.1, optimizer_class=optimizers.ReducedGradientsAdam)
     ref = keras.optimizers.Adam(0.1, beta_1=cfg.training.adam_beta1,
                                 beta_2=cfg.training.adam_beta2,
                                 epsilon=cfg.training.adam_epsilon)
@@ -36,7 +37,7 @@ def test_weight_decay_is_l2_on_kernels_only():
     kernel = tf.Variable(np.full([2, 3], 2.0, np.float32))
     bias = tf.Variable(np.full([3], 2.0, np.float32))
     variables = [kernel, bias]
-    mask = optimizers.decayed_variable_mask(variables)
+    mask = decayed_variable_mask(variables)
     assert mask == [True, False]
     grads = [tf.zeros([2, 3]), tf.zeros([3])]
     out = optimizers.add_l2_gradients(grads, variables, 0.1, mask)

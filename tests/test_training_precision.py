@@ -10,12 +10,14 @@ import tensorflow as tf
 from deep_nmt_tf import checkpointing
 from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.models import build_model
+from config_trees import architecture, constant, merge
+from deep_nmt_tf.training import Runner
 from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config, weights
 
 
-def _trainer(tmp_path, model=None, **training):
+def _runner(tmp_path, model=None, **training):
     cls = make_trainer_class(make_batches(6, batch_size=16))
-    return cls(tiny_config(model, **training), str(tmp_path))
+    return Runner(tiny_config(model, **training), str(tmp_path), trainer=cls)
 
 
 def test_precision_key_is_checked():
@@ -24,15 +26,16 @@ def test_precision_key_is_checked():
 
 
 def test_mixed_bfloat16_trains_and_checkpoints_load_under_any_precision(tmp_path):
-    trainer = _trainer(tmp_path, train_steps=20, learning_rate=1e-2, checkpoint_every=20,
-                       eval_every=20, precision="mixed_bfloat16")
+    runner = _runner(tmp_path, train_steps=20, schedule=constant(1e-2), checkpoint_every=20,
+                     eval_every=20, precision="mixed_bfloat16")
+    trainer = runner.trainer
     assert trainer.model.dtype_policy.name == "mixed_bfloat16"
     assert trainer.loss_scaling is None  # bfloat16 needs no loss scaling
-    before = trainer.evaluate(write_summaries=False)
-    logs = trainer.train()
+    before = runner.evaluate(write_summaries=False)
+    logs = runner.run()
     assert logs["eval_loss"] < before["loss"] - 0.3, (before, logs)
     assert logs["skipped_updates"] == 0
-    path = trainer.checkpoint_saver.latest_checkpoint
+    path = runner.checkpoints.latest()
     dtypes = tf.train.load_checkpoint(path).get_variable_to_dtype_map()
     assert {dtypes[k] for k in dtypes if k.startswith("model/")} <= {tf.float32, tf.int64}
     # float32 training model, float32 inference model, bfloat16 inference model.
@@ -57,13 +60,14 @@ def test_mixed_bfloat16_trains_and_checkpoints_load_under_any_precision(tmp_path
 
 
 def test_float16_overflow_step_is_skipped_and_counted(tmp_path):
-    trainer = _trainer(tmp_path, NO_DROPOUT, train_steps=3, precision="mixed_float16",
-                       checkpoint_every=3)
+    runner = _runner(tmp_path, NO_DROPOUT, train_steps=3, precision="mixed_float16",
+                     checkpoint_every=3)
+    trainer = runner.trainer
     scaling = trainer.loss_scaling
     assert trainer.model.dtype_policy.name == "mixed_float16"
     assert float(scaling.current_scale()) == 2.0 ** 15
     scaling.optimizer.dynamic_growth_steps = 2  # before the step function is traced
-    iterator = trainer.make_train_iterator()
+    iterator = runner.make_train_iterator()
     # Force an overflow: loss * 2^127 is not finite in float32.
     scaling.optimizer.dynamic_scale.assign(2.0 ** 127)
     before = weights(trainer)
@@ -86,9 +90,9 @@ def test_float16_overflow_step_is_skipped_and_counted(tmp_path):
     assert int(scaling.overflow_updates.numpy()) == 1
     assert int(trainer.skipped_updates.numpy()) == 1
     # The scale and the counters are checkpointed and restored.
-    trainer.save_checkpoint()
-    restored = _trainer(tmp_path, NO_DROPOUT, train_steps=3, precision="mixed_float16",
-                        checkpoint_every=3)
+    runner.save_checkpoint()
+    restored = _runner(tmp_path, NO_DROPOUT, train_steps=3, precision="mixed_float16",
+                       checkpoint_every=3).trainer
     assert float(restored.loss_scaling.current_scale()) == 2.0 ** 11
     assert int(restored.loss_scaling.overflow_updates.numpy()) == 1
     assert int(restored.skipped_updates.numpy()) == 1
@@ -98,25 +102,26 @@ def test_float16_gradients_match_float32(tmp_path):
     """Loss scaling is transparent: the first update's gradient norm is float32's."""
     norms = {}
     for precision in ("float32", "mixed_float16"):
-        trainer = _trainer(tmp_path / precision, NO_DROPOUT, train_steps=1, seed=3,
-                           precision=precision)
+        runner = _runner(tmp_path / precision, NO_DROPOUT, train_steps=1, seed=3,
+                         precision=precision)
+        trainer = runner.trainer
         if trainer.loss_scaling is not None:  # 2^15 overflows this model's first step
             trainer.loss_scaling.optimizer.dynamic_scale.assign(2.0 ** 8)
-        norms[precision] = float(trainer.train_step(trainer.make_train_iterator())["grad_norm"])
+        norms[precision] = float(trainer.train_step(runner.make_train_iterator())["grad_norm"])
     np.testing.assert_allclose(norms["mixed_float16"], norms["float32"], rtol=2e-2)
 
 
-RNMT = {"encoder_units": 8, "decoder_units": 8, "attention_heads": 2, "attention_dim": 16,
-        "dropout": 0.0, "embedding_dropout": 0.0, "attention_dropout": 0.0}
-ARCHITECTURES = {
-    "transformer": {},
-    "rnmt_plus": {"architecture": "rnmt_plus", "rnmt": RNMT},
-    "transformer_rnmt": {"architecture": "transformer_rnmt", "rnmt": RNMT},
-    "rnmt_transformer": {"architecture": "rnmt_transformer", "rnmt": RNMT},
-    "cascaded": {"architecture": "cascaded", "rnmt": RNMT, "hybrid": {"cascade_layers": 1}},
-    "multi_column": {"architecture": "multi_column", "rnmt": RNMT,
-                     "hybrid": {"columns": ["rnmt_plus", "transformer"]}},
-}
+RNMT = {"num_layers": 1, "units": 8, "embedding_dropout": 0.0, "dropout": 0.0}
+TRANSFORMER = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "input_dropout": 0.0,
+               "residual_dropout": 0.0}
+ENCODER = {"transformer": TRANSFORMER, "rnmt_plus": RNMT}
+DECODER = {"transformer": dict(TRANSFORMER, tie_softmax=False),
+           "rnmt_plus": dict(RNMT, attention_dropout=0.0, attention_heads=2, attention_dim=16)}
+#: Every architecture, untied, without dropout (the cascade's second stage: 1 layer).
+ARCHITECTURES = {name: merge({"tie_source_target_embeddings": False},
+                             architecture(name, ENCODER, DECODER))
+                 for name in ("transformer", "rnmt_plus", "transformer_rnmt",
+                              "rnmt_transformer", "cascaded", "multi_column")}
 
 
 @pytest.mark.slow
@@ -124,13 +129,13 @@ ARCHITECTURES = {
 def test_every_architecture_trains_under_xla_in_bfloat16(architecture, tmp_path):
     """One training step compiled with XLA (jit_compile) in mixed_bfloat16 gives the loss and
     the update of the uncompiled step (no dropout, same initial weights)."""
-    model = dict(NO_DROPOUT, tie_source_target_embeddings=False, tie_softmax_embeddings=False,
-                 **ARCHITECTURES[architecture])
+    model = merge(NO_DROPOUT, ARCHITECTURES[architecture])
     results = {}
     for jit in (False, True):
-        trainer = _trainer(tmp_path / str(jit), model, train_steps=1, jit_compile=jit,
-                           precision="mixed_bfloat16", seed=5)
-        out = trainer.train_step(trainer.make_train_iterator())
+        runner = _runner(tmp_path / str(jit), model, train_steps=1, jit_compile=jit,
+                         precision="mixed_bfloat16", seed=5)
+        trainer = runner.trainer
+        out = trainer.train_step(runner.make_train_iterator())
         results[jit] = ({k: float(out[k]) for k in ("loss_sum", "grad_norm", "skipped")},
                         weights(trainer))
     (plain, w_plain), (xla, w_xla) = results[False], results[True]

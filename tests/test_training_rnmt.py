@@ -13,10 +13,11 @@ import tensorflow as tf
 
 from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.models import build_model
-from deep_nmt_tf.training import optimizers, schedules
-from flat_config import flat_config
+from deep_nmt_tf.task import schedules
+from deep_nmt_tf.training import Runner, optimizers
+from config_trees import config, constant
 from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
-from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
+from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 from test_training_helpers import ROOT, make_batches, make_trainer_class, run_python, weights
 
 CONFIGS = os.path.join(ROOT, "configs")
@@ -61,17 +62,24 @@ def test_paper_configs_build_with_published_parameter_counts(name, millions):
 # --------------------------------------------------------------------------------------------
 
 
-def _rnmt_config(model=None, **training):
-    model_keys = dict(architecture="rnmt_plus", vocab_size=24, d_model=16, encoder_layers=2,
-                      decoder_layers=3, input_dropout=0.0, residual_dropout=0.0,
-                      attention_dropout=0.0, tie_source_target_embeddings=False,
-                      tie_softmax_embeddings=False,
-                      rnmt={"encoder_units": 8, "decoder_units": 16, "attention_heads": 2})
-    model_keys.update(model or {})
-    train = dict(train_steps=6, learning_rate=3e-3, schedule="constant", warmup_steps=0,
-                 log_every=1, checkpoint_every=100, eval_every=0, label_smoothing=0.1, seed=7)
+#: A tiny RNMT+ (2 + 3 layers, no dropout), in the current layout.
+RNMT_MODEL = {"vocab_size": 24, "d_model": 16, "tie_source_target_embeddings": False,
+              "encoder": {"type": "rnmt_plus", "rnmt_plus": {
+                  "num_layers": 2, "units": 8, "embedding_dropout": 0.0, "dropout": 0.0}},
+              "decoder": {"type": "rnmt_plus", "rnmt_plus": {
+                  "num_layers": 3, "units": 16, "embedding_dropout": 0.0, "dropout": 0.0,
+                  "attention_dropout": 0.0, "attention_heads": 2}}}
+
+
+def _rnmt_config(**training):
+    train = dict(train_steps=6, schedule=constant(3e-3), log_every=1, checkpoint_every=100,
+                 eval_every=0, label_smoothing=0.1, seed=7)
     train.update(training)
-    return flat_config(model_keys, train, decoding={"max_length_a": 1.0, "max_length_b": 3})
+    return config(RNMT_MODEL, train, decoding={"max_length_a": 1.0, "max_length_b": 3})
+
+
+def _rnmt_plus(**options):
+    return {"type": "rnmt_plus", "rnmt_plus": options}
 
 
 def eq1_with_floor(t, n, p, s, e, base=1e-4, floor=5e-5):
@@ -81,8 +89,9 @@ def eq1_with_floor(t, n, p, s, e, base=1e-4, floor=5e-5):
 
 
 def test_rnmt_plus_schedule_from_config_matches_eq1():
-    cfg = _rnmt_config(schedule="rnmt_plus", learning_rate=1e-4, warmup_steps=500,
-                       decay_start=600000, decay_end=1200000, min_learning_rate=5e-5)
+    cfg = _rnmt_config(schedule=_rnmt_plus(learning_rate=1e-4, warmup_steps=500,
+                                           decay_start=600000, decay_end=1200000,
+                                           min_learning_rate=5e-5))
     n = 16
     sched = schedules.build_schedule(cfg, num_replicas=n)
     assert isinstance(sched, RNMTPlusSchedule) and sched.num_replicas == n
@@ -92,13 +101,14 @@ def test_rnmt_plus_schedule_from_config_matches_eq1():
     assert float(sched(20000)) == pytest.approx(n * 1e-4)                 # plateau
     assert float(sched(10 ** 6)) == pytest.approx(5e-5)                   # floor
     # Every key takes effect: the floor and the base rate.
-    cfg2 = _rnmt_config(schedule="rnmt_plus", learning_rate=2e-4, warmup_steps=10,
-                        decay_start=100, decay_end=300, min_learning_rate=1e-5)
+    cfg2 = _rnmt_config(schedule=_rnmt_plus(learning_rate=2e-4, warmup_steps=10,
+                                            decay_start=100, decay_end=300,
+                                            min_learning_rate=1e-5))
     sched2 = schedules.build_schedule(cfg2, num_replicas=1)
     assert float(sched2(0)) == pytest.approx(2e-4)
     assert float(sched2(10 ** 5)) == pytest.approx(1e-5)
     with pytest.raises(ConfigError, match="training.schedule.rnmt_plus.decay_end"):
-        _rnmt_config(schedule="rnmt_plus", decay_start=100, decay_end=100)
+        _rnmt_config(schedule=_rnmt_plus(decay_start=100, decay_end=100))
 
 
 def test_adaptive_clipping_transform_from_config():
@@ -139,7 +149,8 @@ def test_adaptive_clipping_skips_an_injected_outlier_in_the_trainer(tmp_path):
             scale = tf.where(tf.equal(self.step, spike_at - 1), 1000.0, 1.0)
             return sums._replace(loss=sums.loss * scale)
 
-    trainer = SpikeTrainer(cfg, str(tmp_path / "run"))
+    runner = Runner(cfg, str(tmp_path / "run"), trainer=SpikeTrainer)
+    trainer = runner.trainer
     logs, before = [], {}
 
     def hook(t, step, step_logs):
@@ -147,7 +158,7 @@ def test_adaptive_clipping_skips_an_injected_outlier_in_the_trainer(tmp_path):
         if step == spike_at - 1:
             before["weights"] = weights(t)
 
-    trainer.train(hooks=[hook])
+    runner.run(hooks=[hook])
     skipped = [i + 1 for i, l in enumerate(logs) if l["skipped"]]
     assert skipped == [spike_at], [(l["grad_norm"], l["skipped"]) for l in logs]
     assert int(trainer.skipped_updates.numpy()) == 1
@@ -169,9 +180,9 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
     import numpy as np
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training import Trainer, make_strategy
+    from deep_nmt_tf.training import Runner, make_strategy
     from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
-    from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule
+    from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 
     strategy = make_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
@@ -191,11 +202,12 @@ TRAIN_SCRIPT = textwrap.dedent("""
         "decoding.beam_size=3", "decoding.batch_size=8", "decoding.max_length_b=5",
         "decoding.max_length_a=1.0"]
     config = load_config("configs/rnmt_plus_demo.yaml", overrides)
-    trainer = Trainer(config, "{model_dir}", strategy=strategy)
+    runner = Runner(config, "{model_dir}", strategy=strategy)
+    trainer = runner.trainer
     assert isinstance(trainer.schedule, RNMTPlusSchedule) and trainer.schedule.num_replicas == 2
     assert any(isinstance(t, AdaptiveClippingTransform) for t in trainer.gradient_transforms)
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    runner.run(hooks=[lambda t, s, l: logs.append(l)])
     losses = [l["loss"] for l in logs]
     assert np.isfinite(losses).all(), losses
     first, last = losses[0], np.mean(losses[-5:])
@@ -205,7 +217,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
     print("trained: ok")
 
     # Beam search and the SavedModel export, unchanged, on the trained RNMT+ model.
-    from deep_nmt_tf.export import Translator, export_model_dir, load_saved_model
+    from deep_nmt_tf.export import export_model_dir, load_saved_model
+    from deep_nmt_tf.inference import Translator
     translator = Translator.from_model_dir("{model_dir}")
     test_source = translator.config.data.test_source  # resolved (synthetic corpus files)
     sentences = [l.rstrip("\\n") for l in open(test_source, encoding="utf-8")][:4]

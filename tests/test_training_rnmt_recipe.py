@@ -16,7 +16,7 @@ from deep_nmt_tf.layers.lstm import BidirectionalLayerNormLSTM
 from deep_nmt_tf.training.adaptive_clipping import (AdaptiveClippingTransform,
                                                     AdaptiveGradientClipping,
                                                     apply_gradients_if, global_norm)
-from deep_nmt_tf.training.rnmt_schedule import RNMTPlusSchedule, rnmt_plus_learning_rate
+from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule, rnmt_plus_learning_rate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

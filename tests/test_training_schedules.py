@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 
-from deep_nmt_tf.training.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
-                                            InverseSqrtSchedule, TransformerSchedule,
-                                            build_schedule, register_schedule)
+from deep_nmt_tf.task.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
+                                        InverseSqrtSchedule, TransformerSchedule,
+                                        build_schedule, register_schedule)
 from test_training_helpers import tiny_config
 
 
@@ -64,14 +64,16 @@ def test_serialisation_roundtrip(schedule):
 
 
 def test_build_schedule_from_config_and_registry():
-    cfg = tiny_config(schedule="transformer", learning_rate=2.0, warmup_steps=8)
+    cfg = tiny_config(schedule={"type": "transformer",
+                                "transformer": {"scale": 2.0, "warmup_steps": 8}})
     s = build_schedule(cfg)
     assert isinstance(s, TransformerSchedule) and s.d_model == 16 and s.warmup_steps == 8
-    s = build_schedule(tiny_config(schedule="inverse_sqrt", learning_rate=1e-3, warmup_steps=8,
-                                   warmup_init_lr=1e-6))
+    s = build_schedule(tiny_config(schedule={"type": "inverse_sqrt", "inverse_sqrt": {
+        "learning_rate": 1e-3, "warmup_steps": 8, "warmup_init_lr": 1e-6}}))
     assert isinstance(s, InverseSqrtSchedule) and s.warmup_init_lr == 1e-6
     assert set(SCHEDULE_BUILDERS) >= {"transformer", "inverse_sqrt", "constant", "rnmt_plus"}
-    s = build_schedule(tiny_config(schedule="rnmt_plus", learning_rate=1e-4, warmup_steps=5), 4)
+    s = build_schedule(tiny_config(schedule={"type": "rnmt_plus", "rnmt_plus": {
+        "learning_rate": 1e-4, "warmup_steps": 5}}), 4)
     assert s.get_config()["num_replicas"] == 4 and s.get_config()["warmup_steps"] == 5
     with pytest.raises(ValueError, match="already registered"):
         register_schedule("constant")(lambda options, config, n: None)

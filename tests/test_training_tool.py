@@ -87,16 +87,18 @@ def test_train_tool_then_exact_resume_in_process(tmp_path):
     # Continue to step 8 in this process (restoring the data iterator from the checkpoint) and
     # compare with 8 uninterrupted steps.
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     overrides = ["training.train_steps=8", "training.eval_every=0"]
-    resumed = Trainer(load_config(config_path, overrides), model_dir, checkpoint_iterator=True)
+    runner = Runner(load_config(config_path, overrides), model_dir, checkpoint_iterator=True)
+    resumed = runner.trainer
     assert int(resumed.step.numpy()) == 4
     with _captured_logs() as messages:
-        resumed.train()
+        runner.run()
     assert any("Restored the training data iterator" in m for m in messages), messages
-    straight = Trainer(load_config(config_path, overrides), str(tmp_path / "straight"))
-    straight.train()
+    runner = Runner(load_config(config_path, overrides), str(tmp_path / "straight"))
+    straight = runner.trainer
+    runner.run()
     assert int(resumed.data_position.numpy()) == int(straight.data_position.numpy()) == 8
     for a, b in zip(weights(resumed), weights(straight)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

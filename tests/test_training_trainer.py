@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from deep_nmt_tf import checkpointing
+from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.decoding.search import search
-from deep_nmt_tf.training import metrics, optimizers
-from deep_nmt_tf.training import losses as losses_lib
+from deep_nmt_tf.training import Runner, metrics, optimizers
+from deep_nmt_tf.task import losses as losses_lib
+from config_trees import constant, merge, stacks
 from test_training_helpers import (NO_DROPOUT, copy_batch, make_batches, make_trainer_class,
                                    optimizer_state, run_python, split_batch, tiny_config,
                                    weights)
@@ -23,16 +24,16 @@ def trained(tmp_path_factory):
     """A tiny model trained 30 steps on the copy task (module-scoped: reused by several tests)."""
     model_dir = str(tmp_path_factory.mktemp("trained"))
     cls = make_trainer_class(make_batches(6, batch_size=16))
-    trainer = cls(tiny_config(train_steps=30, eval_every=15, log_every=10, checkpoint_every=10,
-                              keep_checkpoints=2, learning_rate=1e-2, clip_norm=5.0,
-                              adaptive_clipping={"enabled": True}), model_dir)
-    before = trainer.evaluate(write_summaries=False)
-    logs = trainer.train()
-    return trainer, before, logs
+    runner = Runner(tiny_config(train_steps=30, eval_every=15, log_every=10, checkpoint_every=10,
+                                keep_checkpoints=2, schedule=constant(1e-2), clip_norm=5.0,
+                                adaptive_clipping={"enabled": True}), model_dir, trainer=cls)
+    before = runner.evaluate(write_summaries=False)
+    logs = runner.run()
+    return runner.trainer, before, logs, runner
 
 
 def test_training_reduces_loss_and_writes_outputs(trained):
-    trainer, before, logs = trained
+    trainer, before, logs, runner = trained
     assert int(trainer.step.numpy()) == 30
     assert int(trainer.optimizer.iterations.numpy()) == 30
     assert int(trainer.data_position.numpy()) == 30
@@ -45,7 +46,7 @@ def test_training_reduces_loss_and_writes_outputs(trained):
     assert sorted(f for f in files if f.endswith(".index")) == ["ckpt-20.index", "ckpt-30.index"]
     # The config's gradient transforms ran (adaptive clipping first) and are checkpointed.
     assert logs["adaptive_clip_skipped_steps"] == 0 and "grad_clipped" in logs
-    names = [n for n, _ in tf.train.list_variables(trainer.checkpoint_saver.latest_checkpoint)]
+    names = [n for n, _ in tf.train.list_variables(runner.checkpoints.latest())]
     assert any(n.startswith("transform_0_adaptive_clipping/") for n in names)
     for sub in ("train", "eval"):
         assert any(f.startswith("events.out.tfevents")
@@ -102,7 +103,7 @@ def test_restore_model_weights_for_inference(trained):
     from deep_nmt_tf.models import build_model
 
     model = build_model(trainer.config)
-    path = checkpointing.restore_model_weights(model, trainer.model_dir)
+    path = CheckpointStore(trainer.model_dir).restore_model(model)
     assert path.endswith("ckpt-30")
     for a, b in zip(model.variables, trainer.model.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -112,16 +113,18 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     """2 accumulated micro-batches == 1 batch of their union (per-token normalisation)."""
     batches = make_batches(3, batch_size=8, seed=3)
     # Large Adam epsilon: the update is smooth in the gradient, so float round-off stays tiny.
-    common = dict(train_steps=3, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=100,
+    common = dict(train_steps=3, adam_epsilon=1.0, schedule=constant(0.5), checkpoint_every=100,
                   weight_decay=1e-3, clip_norm=0.5)
-    one = make_trainer_class(batches, split=1)(
-        tiny_config(NO_DROPOUT, **common), str(tmp_path / "one"))
+    one = Runner(tiny_config(NO_DROPOUT, **common), str(tmp_path / "one"),
+                 trainer=make_trainer_class(batches, split=1))
     logs_one = []
-    one.train(hooks=[lambda t, s, logs: logs_one.append(logs)])
-    two = make_trainer_class(batches, split=2)(
-        tiny_config(NO_DROPOUT, gradient_accumulation_steps=2, **common), str(tmp_path / "two"))
+    one.run(hooks=[lambda t, s, logs: logs_one.append(logs)])
+    one = one.trainer
+    two = Runner(tiny_config(NO_DROPOUT, gradient_accumulation_steps=2, **common),
+                 str(tmp_path / "two"), trainer=make_trainer_class(batches, split=2))
     logs_two = []
-    two.train(hooks=[lambda t, s, logs: logs_two.append(logs)])
+    two.run(hooks=[lambda t, s, logs: logs_two.append(logs)])
+    two = two.trainer
     assert int(two.data_position.numpy()) == 6 and int(two.optimizer.iterations.numpy()) == 3
     for a, b in zip(logs_one, logs_two):
         for key in ("loss", "nll", "num_tokens", "num_sentences", "grad_norm"):
@@ -135,7 +138,7 @@ def test_static_shapes_step_equals_the_dynamic_one(tmp_path):
     accumulated into the same updates as the one-function step."""
     rng = np.random.RandomState(3)  # Six batch sizes: six shapes per traced function.
     batches = [copy_batch(rng, size) for size in (4, 6, 8, 10, 12, 14)]
-    common = dict(train_steps=6, adam_epsilon=1.0, learning_rate=0.5, checkpoint_every=100,
+    common = dict(train_steps=6, adam_epsilon=1.0, schedule=constant(0.5), checkpoint_every=100,
                   gradient_accumulation_steps=2)
     cls = make_trainer_class(batches, split=2)
     records = []
@@ -144,11 +147,11 @@ def test_static_shapes_step_equals_the_dynamic_one(tmp_path):
     logging.getLogger("tensorflow").addHandler(handler)  # TensorFlow's retracing warnings
     runs = {}
     for static in (False, True):
-        trainer = cls(tiny_config(NO_DROPOUT, static_shapes=static, **common),
-                      str(tmp_path / str(static)))
+        runner = Runner(tiny_config(NO_DROPOUT, static_shapes=static, **common),
+                        str(tmp_path / str(static)), trainer=cls)
         logs = []
-        trainer.train(hooks=[lambda t, s, l: logs.append(l)])
-        runs[static] = trainer, logs
+        runner.run(hooks=[lambda t, s, l: logs.append(l)])
+        runs[static] = runner.trainer, logs
     logging.getLogger("tensorflow").removeHandler(handler)
     (dynamic, logs_d), (static, logs_s) = runs[False], runs[True]
     assert int(static.data_position.numpy()) == 12 and int(static.optimizer.iterations.numpy()) == 6
@@ -183,11 +186,12 @@ def test_sentence_normalisation_and_skipped_updates(tmp_path):
             return grads
 
     cls = make_trainer_class()
-    trainer = cls(tiny_config(train_steps=1, loss_normalization="sentence"), str(tmp_path),
-                  gradient_transforms=[SkipFirst()])
+    runner = Runner(tiny_config(train_steps=1, loss_normalization="sentence"), str(tmp_path),
+                    trainer=cls, gradient_transforms=[SkipFirst()])
+    trainer = runner.trainer
     start = weights(trainer)
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    runner.run(hooks=[lambda t, s, l: logs.append(l)])
     assert logs[0]["skipped"] == 1.0
     assert int(trainer.skipped_updates.numpy()) == 1 and int(trainer.step.numpy()) == 1
     assert int(trainer.optimizer.iterations.numpy()) == 0
@@ -196,22 +200,23 @@ def test_sentence_normalisation_and_skipped_updates(tmp_path):
         if id(v) in trainable:
             np.testing.assert_array_equal(v.numpy(), w)
     # The transform's variable is checkpointed.
-    names = [n for n, _ in tf.train.list_variables(trainer.checkpoint_saver.latest_checkpoint)]
+    names = [n for n, _ in tf.train.list_variables(runner.checkpoints.latest())]
     assert any(n.startswith("transform_0_seen") for n in names)
     # The sentence-normalised gradient is the token-normalised one times tokens / sentences.
     batch = cls.train_batches[0]
     tokens = float((batch["target_output_ids"] != 0).sum())
     sentences = float(len(batch["target_output_ids"]))
-    ref = cls(tiny_config(train_steps=1), str(tmp_path / "token"),
-              gradient_transforms=[SkipFirst()])
+    ref = Runner(tiny_config(train_steps=1), str(tmp_path / "token"), trainer=cls,
+                 gradient_transforms=[SkipFirst()])
     ref_logs = []
-    ref.train(hooks=[lambda t, s, l: ref_logs.append(l)])
+    ref.run(hooks=[lambda t, s, l: ref_logs.append(l)])
     np.testing.assert_allclose(logs[0]["grad_norm"],
                                ref_logs[0]["grad_norm"] * tokens / sentences, rtol=1e-5)
 
 
 KILLED_RUN = textwrap.dedent("""
     import os, signal
+    from deep_nmt_tf.training import Runner
     from test_training_helpers import make_batches, make_trainer_class, tiny_config
 
     def kill_after_step(trainer, step, logs):
@@ -219,7 +224,7 @@ KILLED_RUN = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
 
     cls = make_trainer_class(make_batches(5, seed=11), split=2)
-    cls({config}, {model_dir!r}).train(hooks=[kill_after_step])
+    Runner({config}, {model_dir!r}, trainer=cls).run(hooks=[kill_after_step])
     raise SystemExit("not killed")
 """)
 
@@ -228,10 +233,10 @@ def test_jit_compile_gives_the_same_steps(tmp_path):
     cls = make_trainer_class()
     losses = {}
     for jit in (False, True):
-        trainer = cls(tiny_config(NO_DROPOUT, train_steps=2, jit_compile=jit),
-                      str(tmp_path / str(jit)))
+        runner = Runner(tiny_config(NO_DROPOUT, train_steps=2, jit_compile=jit),
+                        str(tmp_path / str(jit)), trainer=cls)
         losses[jit] = []
-        trainer.train(hooks=[lambda t, s, logs: losses[jit].append(logs["loss"])])
+        runner.run(hooks=[lambda t, s, logs: losses[jit].append(logs["loss"])])
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
 
 
@@ -245,11 +250,13 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert tf.train.latest_checkpoint(killed_dir).endswith("ckpt-4")
 
     cls = make_trainer_class(make_batches(5, seed=11), split=2)
-    resumed = cls(eval(config), killed_dir)
+    runner = Runner(eval(config), killed_dir, trainer=cls)
+    resumed = runner.trainer
     assert int(resumed.step.numpy()) == 4 and int(resumed.data_position.numpy()) == 8
-    resumed.train()
-    straight = cls(eval(config), str(tmp_path / "straight"))
-    straight.train()
+    runner.run()
+    runner = Runner(eval(config), str(tmp_path / "straight"), trainer=cls)
+    straight = runner.trainer
+    runner.run()
     assert int(resumed.step.numpy()) == int(straight.step.numpy()) == 8
     assert int(resumed.optimizer.iterations.numpy()) == 8
     for a, b in zip(weights(resumed), weights(straight)):  # includes the dropout seed states
@@ -261,15 +268,18 @@ def test_killed_run_resumes_exactly(tmp_path):
 def test_changed_model_config_is_refused(tmp_path):
     cls = make_trainer_class()
     # (from_generator datasets cannot be checkpointed: the trainer falls back to re-reading.)
-    cls(tiny_config(train_steps=1), str(tmp_path), checkpoint_iterator=True).train()
+    Runner(tiny_config(train_steps=1), str(tmp_path), trainer=cls,
+           checkpoint_iterator=True).run()
     with pytest.raises(ConfigError,
                        match=r"model\.d_model: 16 -> 32.*transformer\.ffn_dim: 32 -> 64"):
-        cls(tiny_config({"d_model": 32, "ffn_dim": 64}, train_steps=2), str(tmp_path))
+        Runner(tiny_config(merge({"d_model": 32}, stacks({"ffn_dim": 64})), train_steps=2),
+               str(tmp_path), trainer=cls)
     # Training keys may change: continue to step 2.
-    trainer = cls(tiny_config(train_steps=2, learning_rate=1e-3), str(tmp_path),
-                  checkpoint_iterator=True)
+    runner = Runner(tiny_config(train_steps=2, schedule=constant(1e-3)), str(tmp_path), trainer=cls,
+                    checkpoint_iterator=True)
+    trainer = runner.trainer
     assert int(trainer.step.numpy()) == 1
-    trainer.train()
+    runner.run()
     assert int(trainer.step.numpy()) == 2
     from deep_nmt_tf.config import load_config
 
@@ -280,11 +290,13 @@ def test_changed_model_config_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):
-    deep = dict(NO_DROPOUT, encoder_layers=2, transparent_attention={"enabled": True},
-                dlcl={"decoder": True}, lexical_shortcuts={"enabled": True})
+    deep = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},
+                 stacks({"lexical_shortcuts": {"enabled": True}}, encoder={"num_layers": 2},
+                        decoder={"dlcl": {"enabled": True}}))
     cls = make_trainer_class()
-    trainer = cls(tiny_config(deep, train_steps=1, grad_norm_ratio_every=1, eval_every=1),
-                  str(tmp_path / "diag"))
+    runner = Runner(tiny_config(deep, train_steps=1, grad_norm_ratio_every=1, eval_every=1),
+                    str(tmp_path / "diag"), trainer=cls)
+    trainer = runner.trainer
     # Reference: Bapna et al.'s ratio at the initial weights on the first batch.
     batch = {k: tf.constant(v) for k, v in cls.train_batches[0].items()}
     seed_states = [(v, v.numpy()) for v in trainer.model.non_trainable_variables]
@@ -298,12 +310,13 @@ def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):
     for v, value in seed_states:  # Leave the dropout RNG as the trainer found it.
         v.assign(value)
     logs = []
-    trainer.train(hooks=[lambda t, s, l: logs.append(l)])
+    runner.run(hooks=[lambda t, s, l: logs.append(l)])
     np.testing.assert_allclose(logs[0]["grad_norm_ratio"], expected, rtol=1e-5)
 
     # The diagnostic does not change the update.
-    plain = cls(tiny_config(deep, train_steps=1), str(tmp_path / "plain"))
-    plain.train()
+    plain = Runner(tiny_config(deep, train_steps=1), str(tmp_path / "plain"), trainer=cls)
+    plain.run()
+    plain = plain.trainer
     for a, b in zip(weights(trainer), weights(plain)):
         np.testing.assert_array_equal(a, b)
 

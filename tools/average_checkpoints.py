@@ -41,13 +41,13 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.model_dir or not FLAGS.output:
         raise app.UsageError("--model_dir and --output are required")
+    from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.config import ConfigError
-    from deep_nmt_tf.export.averaging import average_checkpoints
 
     try:
-        path = average_checkpoints(FLAGS.model_dir, FLAGS.output, last=FLAGS.last,
-                                   checkpoints=FLAGS.checkpoints or None,
-                                   overwrite=FLAGS.overwrite)
+        path = CheckpointStore(FLAGS.model_dir).average(
+            FLAGS.output, last=FLAGS.last, checkpoints=FLAGS.checkpoints or None,
+            overwrite=FLAGS.overwrite)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"average_checkpoints: error: {e}") from None
     print(path)

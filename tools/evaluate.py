@@ -155,7 +155,7 @@ def evaluate_window(translator, checkpoints: Sequence[str], window: int, dev: Se
     """Scores every checkpoint on dev and test; mean/std test BLEU over the window.
 
     Args:
-      translator: a :class:`~deep_nmt_tf.export.translator.Translator` (weights are replaced).
+      translator: a :class:`~deep_nmt_tf.inference.Translator` (weights are replaced).
       checkpoints: checkpoint prefixes in training order.
       window: window size.
       dev, test: ``(source, reference)`` paths.
@@ -240,8 +240,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _evaluate_model() -> None:
-    from deep_nmt_tf.export.translator import Translator
-    from deep_nmt_tf.run_dir import RunDir
+    from deep_nmt_tf.checkpoints import CheckpointStore
+    from deep_nmt_tf.inference import Translator
 
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
@@ -263,7 +263,7 @@ def _evaluate_model() -> None:
         if not dev_source or not dev_reference:
             raise app.UsageError("--checkpoint_window needs --dev_source/--dev_reference (the "
                                  "config has no data.dev_*)")
-        checkpoints = RunDir(FLAGS.model_dir).list_checkpoints()
+        checkpoints = CheckpointStore(FLAGS.model_dir).list()  # ckpt-N and .weights.h5
         if len(checkpoints) < FLAGS.checkpoint_window:
             logging.warning("only %d checkpoints in %s for a window of %d (raise "
                             "training.keep_checkpoints)", len(checkpoints), FLAGS.model_dir,

@@ -21,7 +21,8 @@ skips it).  Another process writing ``--model_dir`` (a training of either route,
 refused, naming it (:mod:`deep_nmt_tf.run_lock`).
 
 Exit status: 0 on success, 2 for an invalid config or data, a config too large for the memory,
-or a run directory in use.
+a run directory in use, or checkpoints none of which can be read (a damaged newer one is skipped
+with a WARNING and kept, renamed ``*.unreadable``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def _fit() -> None:
     """Preprocesses (with ``--config``) and trains ``--model_dir`` (whose lock the caller
     holds)."""
     from deep_nmt_tf import sizing
+    from deep_nmt_tf.checkpoints import CheckpointError
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
     from deep_nmt_tf.data.text_io import DataError
 
@@ -94,7 +96,7 @@ def _fit() -> None:
         from deep_nmt_tf.fit.run import train
 
         results = train(FLAGS.model_dir, FLAGS.override)
-    except (ConfigError, DataError, FileNotFoundError, sizing.SizeError) as e:
+    except (ConfigError, DataError, FileNotFoundError, CheckpointError, sizing.SizeError) as e:
         _fail(str(e))
     if results:
         print("Done: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))

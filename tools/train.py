@@ -1,5 +1,5 @@
-r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Trainer` and its
-:class:`~deep_nmt_tf.training.Runner`)::
+r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Runner`, which builds the
+:class:`~deep_nmt_tf.training.Trainer`)::
 
     deep-nmt-train --config=configs/demo.yaml --model_dir=runs/demo \
         [--override=training.train_steps=3000 ...] [--strategy=mirrored] \
@@ -145,7 +145,7 @@ def _train(config) -> None:
     from deep_nmt_tf.checkpointing import CheckpointError
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
-    from deep_nmt_tf.training import (Trainer, TrainingDiverged, TrainingInterrupted,
+    from deep_nmt_tf.training import (Runner, TrainingDiverged, TrainingInterrupted,
                                       WorkerLost, make_strategy)
 
     try:
@@ -154,16 +154,16 @@ def _train(config) -> None:
     except ValueError as e:
         _fail(f"--strategy={FLAGS.strategy}: {e}")
     try:
-        trainer = Trainer(config, FLAGS.model_dir, strategy=strategy,
-                          checkpoint_iterator=FLAGS.checkpoint_data_iterator,
-                          start_over=FLAGS.start_over)
+        runner = Runner(config, FLAGS.model_dir, strategy=strategy,
+                        checkpoint_iterator=FLAGS.checkpoint_data_iterator,
+                        start_over=FLAGS.start_over)
     except (ConfigError, DataError, CheckpointError) as e:  # E.g. another model's model_dir.
         _fail(str(e))
     except KeyboardInterrupt:  # Before training: nothing new to save.
         print("train: interrupted before training started", file=sys.stderr)
         sys.exit(130)
     try:
-        results = trainer.runner.run()
+        results = runner.run()
     except TrainingInterrupted as e:
         cli.exit_interrupted("train", e, drop=("--start_over",))
     except (TrainingDiverged, WorkerLost) as e:

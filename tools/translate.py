@@ -149,12 +149,16 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required")
-    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.config import ConfigError, SearchOptionsError, check_search_options
     from deep_nmt_tf.data.text_io import DataError
-    from deep_nmt_tf.export.translator import Translator
+    from deep_nmt_tf.inference import Translator
 
-    if FLAGS.beam_size is not None and FLAGS.n_best > FLAGS.beam_size:
-        raise app.UsageError(f"--n_best={FLAGS.n_best} exceeds --beam_size={FLAGS.beam_size}")
+    if FLAGS.beam_size is not None:  # The flags alone, before the model is loaded.
+        try:
+            check_search_options(FLAGS.beam_size, FLAGS.n_best, FLAGS.length_penalty or 0.0)
+        except SearchOptionsError as e:
+            raise app.UsageError(f"--{e.key}={e.value} exceeds --{e.limit_key}={e.limit}"
+                                 if e.limit_key else f"--{e.key}: {e.reason}") from None
     try:
         check_output_path("output", FLAGS.output)  # Before loading the model.
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,

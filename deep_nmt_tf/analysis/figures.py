@@ -202,17 +202,17 @@ def dlcl_from_summary(run) -> Dict[str, np.ndarray]:
 def weights_from_checkpoint(run_dir: str, checkpoint: Optional[str] = None
                             ) -> Dict[str, np.ndarray]:
     """``model.diagnostic_weights()`` of a run's latest checkpoint (or ``checkpoint``)."""
-    from deep_nmt_tf.checkpointing import restore_model_weights
+    from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.models import build_model
     from deep_nmt_tf.run_dir import RunDir
     from deep_nmt_tf.training.diagnostics import weight_matrices
 
-    run = RunDir(run_dir)
-    path = checkpoint or run.latest_checkpoint()
+    run, store = RunDir(run_dir), CheckpointStore(run_dir)
+    path = checkpoint or store.latest()
     if path is None or not run.has_config():
         return {}
     model = build_model(run.load_config())
-    restore_model_weights(model, path)
+    store.restore_model(model, path)
     return weight_matrices(model)
 
 

@@ -171,9 +171,9 @@ def probe_model(model_dir: str, source: Optional[str] = None, target: Optional[s
       ``{"encoder": [..], "decoder": [..], "tokens": {...}, "checkpoint": path,
       "source": path, "target": path, "sentences": n}``.
     """
-    from deep_nmt_tf.checkpointing import restore_model_weights
+    from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.data.pipeline import make_eval_dataset
-    from deep_nmt_tf.export.translator import build_tokenizer
+    from deep_nmt_tf.inference.translator import build_tokenizer
     from deep_nmt_tf.models import build_model
     from deep_nmt_tf.run_dir import RunDir
 
@@ -182,10 +182,7 @@ def probe_model(model_dir: str, source: Optional[str] = None, target: Optional[s
     source, target = _data_paths(config, source, target)
     tokenizer = build_tokenizer(config, run_dir.vocab_path(config))
     model = build_model(config)
-    path = checkpoint or run_dir.latest_checkpoint()
-    if path is None:
-        raise FileNotFoundError(f"no checkpoint in {model_dir}")
-    restore_model_weights(model, path)
+    path = CheckpointStore(run_dir).restore_model(model, checkpoint)  # default: the latest
     dataset = make_eval_dataset(config, tokenizer, source, target, batch_size,
                                 max_sentences=max_sentences)
     probe = CosineProbe(model)

@@ -26,7 +26,7 @@ Example:
 No TensorFlow or Keras is imported here.
 """
 
-from deep_nmt_tf.config.fields import ConfigError, OneOf, Registry, field
+from deep_nmt_tf.config.fields import ConfigError, OneOf, Registry, field, operational_keys
 from deep_nmt_tf.config.loading import (config_from_dict, config_to_dict, load_config,
                                         save_config)
 from deep_nmt_tf.config.model_schema import (DECODER_TYPES, ENCODER_TYPES,
@@ -38,7 +38,7 @@ from deep_nmt_tf.config.model_schema import (DECODER_TYPES, ENCODER_TYPES,
                                              TransformerEncoderOptions,
                                              TransparentAttentionConfig)
 from deep_nmt_tf.config.reference import config_reference_markdown, describe_config
-from deep_nmt_tf.config.rules import component_types
+from deep_nmt_tf.config.rules import SearchOptionsError, check_search_options, component_types
 from deep_nmt_tf.config.schema import (SCHEDULE_TYPES, AdaptiveClippingConfig, Config,
                                        ConstantScheduleOptions, DataConfig, DecodingConfig,
                                        InverseSqrtScheduleOptions, RNMTPlusScheduleOptions,
@@ -46,7 +46,8 @@ from deep_nmt_tf.config.schema import (SCHEDULE_TYPES, AdaptiveClippingConfig, C
                                        TransformerScheduleOptions, WarmStartConfig)
 
 __all__ = [
-    "ConfigError", "OneOf", "Registry", "field",
+    "ConfigError", "OneOf", "Registry", "field", "operational_keys", "SearchOptionsError",
+    "check_search_options",
     "Config", "ModelConfig", "DataConfig", "TrainingConfig", "DecodingConfig",
     "EncoderConfig", "DecoderConfig", "ScheduleConfig",
     "ENCODER_TYPES", "DECODER_TYPES", "SCHEDULE_TYPES",

@@ -12,7 +12,7 @@ holds a ``type`` and one option section per registered type, in the manner of TF
 
 The types a one-of accepts come from a :class:`Registry`; the package registers its built-in
 types (``deep_nmt_tf.config.schema``) and code outside the package adds its own
-(``deep_nmt_tf.models.register_encoder``, ``deep_nmt_tf.training.schedules.register_schedule``).
+(``deep_nmt_tf.models.register_encoder``, ``deep_nmt_tf.task.schedules.register_schedule``).
 
 This module imports neither TensorFlow nor Keras.
 """
@@ -23,7 +23,8 @@ import copy
 import dataclasses
 from typing import Any, ClassVar, Dict, Iterable, List, Optional
 
-__all__ = ["ConfigError", "field", "Registry", "OneOf", "is_section", "section_fields"]
+__all__ = ["ConfigError", "field", "Registry", "OneOf", "is_section", "section_fields",
+           "operational_keys"]
 
 
 class ConfigError(ValueError):
@@ -32,7 +33,8 @@ class ConfigError(ValueError):
 
 def field(default, help: str, choices: Optional[Iterable[Any]] = None,
           min: Optional[float] = None, max: Optional[float] = None,
-          min_exclusive: bool = False, max_exclusive: bool = False):
+          min_exclusive: bool = False, max_exclusive: bool = False,
+          affects_results: bool = True):
     """Declares a config key: its default, description and value checks.
 
     Args:
@@ -40,12 +42,16 @@ def field(default, help: str, choices: Optional[Iterable[Any]] = None,
       help: one-line description (shown in ``docs/CONFIG.md``).
       choices: allowed values (for a tuple-valued key: allowed items).
       min, max: inclusive bounds unless ``min_exclusive`` / ``max_exclusive``.
+      affects_results: False for an operational key, one that does not change what a run
+        computes (how long it trains, how it is logged, checkpointed, evaluated or compiled,
+        where its data lies): a run resumed with another value is the same recipe
+        (:func:`operational_keys`).
 
     Numbers must be finite (NaN and infinities are refused for every numeric key).
     """
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
             "min": min, "max": max, "min_exclusive": min_exclusive,
-            "max_exclusive": max_exclusive}
+            "max_exclusive": max_exclusive, "affects_results": affects_results}
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default) or isinstance(
             default, OneOf) or (isinstance(default, tuple) and any(
                 is_section(v) for v in default)):
@@ -56,6 +62,22 @@ def field(default, help: str, choices: Optional[Iterable[Any]] = None,
 def section_fields(cls) -> List[dataclasses.Field]:
     """The declared keys of a dataclass section (internal fields left out)."""
     return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def operational_keys(cls, prefix: str = "") -> List[str]:
+    """The dotted keys of the dataclass section ``cls`` (and its sub-sections) declared with
+    ``affects_results=False``, sorted (one-of sections: not descended into)."""
+    import typing
+
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in section_fields(cls):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            keys += operational_keys(tp, f"{prefix}{f.name}.")
+        elif not f.metadata.get("affects_results", True):
+            keys.append(f"{prefix}{f.name}")
+    return sorted(keys)
 
 
 class Registry:

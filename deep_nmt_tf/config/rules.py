@@ -13,7 +13,8 @@ method
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Optional
 
 from deep_nmt_tf.config.fields import ConfigError, OneOf
 from deep_nmt_tf.config.model_schema import (CascadedEncoderOptions, DLCLOptions,
@@ -22,7 +23,7 @@ from deep_nmt_tf.config.model_schema import (CascadedEncoderOptions, DLCLOptions
                                              TransformerEncoderOptions)
 from deep_nmt_tf.config.schema import Config, RNMTPlusScheduleOptions
 
-__all__ = ["validate", "component_types"]
+__all__ = ["validate", "component_types", "SearchOptionsError", "check_search_options"]
 
 Fail = Callable[[str, str], None]
 
@@ -40,9 +41,57 @@ def validate(cfg: Config, locator, default_where: str) -> None:
     _data(cfg.data, fail, given)
     _training(cfg, fail)
     _run_checks(cfg, fail, given)
-    if cfg.decoding.n_best > cfg.decoding.beam_size:
-        fail("decoding.n_best", f"{cfg.decoding.n_best} exceeds decoding.beam_size="
-             f"{cfg.decoding.beam_size}")
+    d = cfg.decoding
+    try:
+        check_search_options(d.beam_size, d.n_best, d.length_penalty, d.max_length_a,
+                             d.max_length_b)
+    except SearchOptionsError as e:
+        fail(f"decoding.{e.key}", f"{e.value} exceeds decoding.{e.limit_key}={e.limit}"
+             if e.limit_key else e.reason)
+
+
+class SearchOptionsError(ValueError):
+    """An invalid search option (:func:`check_search_options`), with what is wrong by parts so
+    that each caller names the option its own way (a config key, a flag, an argument).
+
+    Attributes:
+      key: the option (``n_best`` ...); value: its value; reason: what is wrong with it;
+      limit_key, limit: the option it exceeds and that one's value (``beam_size``), if any.
+    """
+
+    def __init__(self, key: str, value, reason: str, limit_key: Optional[str] = None,
+                 limit=None):
+        self.key, self.value, self.reason = key, value, reason
+        self.limit_key, self.limit = limit_key, limit
+        super().__init__(f"{key}={value} exceeds the beam size {limit}: {reason}" if limit_key
+                         else reason)
+
+
+def check_search_options(beam_size, n_best, length_penalty, max_length_a: float = 0.0,
+                         max_length_b: int = 1, min_length: int = 0) -> None:
+    """The one check of a search's options (:class:`deep_nmt_tf.decoding.SearchOptions`
+    calls it once, the config's ``decoding`` section goes through it, the tools for their
+    flags): a beam size and ``n_best`` of at least 1, ``n_best <= beam_size`` (a beam search
+    keeps at most ``beam_size`` hypotheses), a finite length penalty >= 0, length limits
+    ``a >= 0``, ``b >= 1`` and ``min_length >= 0``.  Nothing is clamped.
+
+    Raises:
+      SearchOptionsError: the first option that is wrong.
+    """
+    for key, value in (("beam_size", beam_size), ("n_best", n_best),
+                       ("max_length_b", max_length_b)):
+        if value < 1:
+            raise SearchOptionsError(key, value, f"{key} must be >= 1, got {value}")
+    if n_best > beam_size:
+        raise SearchOptionsError("n_best", n_best, "a beam search keeps at most beam_size "
+                                 "hypotheses (raise the beam size)", "beam_size", beam_size)
+    for key, value in (("length_penalty", length_penalty), ("max_length_a", max_length_a)):
+        if not math.isfinite(value) or value < 0:
+            raise SearchOptionsError(key, value, f"{key} must be a finite number >= 0, got "
+                                                 f"{value}")
+    if min_length < 0:
+        raise SearchOptionsError("min_length", min_length,
+                                 f"min_length must be >= 0, got {min_length}")
 
 
 def component_types(one_of: OneOf):

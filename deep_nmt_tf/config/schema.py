@@ -22,11 +22,11 @@ __all__ = [
 ]
 
 SCHEDULE_TYPES = Registry("learning-rate schedule", "training.schedule",
-                          "deep_nmt_tf.training.schedules.register_schedule(name, options=...)")
+                          "deep_nmt_tf.task.schedules.register_schedule(name, options=...)")
 
 
 # --------------------------------------------------------------------------------------------
-# Learning-rate schedules (one section per type; the builders are in training/schedules.py)
+# Learning-rate schedules (one section per type; the builders are in task/schedules.py)
 # --------------------------------------------------------------------------------------------
 
 
@@ -96,14 +96,20 @@ class DataConfig:
     synthetic_dev_size: int = field(500, "Synthetic corpus: dev pairs.", min=1)
     synthetic_test_size: int = field(500, "Synthetic corpus: test pairs.", min=1)
     synthetic_seed: int = field(1234, "Synthetic corpus: generator seed.")
-    train_source: str = field("", "Training source text, one sentence per line.")
-    train_target: str = field("", "Training target text, aligned with train_source.")
-    dev_source: str = field("", "Dev source (validation loss and BLEU); optional.")
-    dev_target: str = field("", "Dev target reference.")
-    test_source: str = field("", "Test source (tools/evaluate.py default); optional.")
-    test_target: str = field("", "Test target reference.")
+    # Where the data lies does not change what a run computes (its contents do: the vocabulary's
+    # sha256 and the resolved config's sizes are compared instead).
+    train_source: str = field("", "Training source text, one sentence per line.",
+                              affects_results=False)
+    train_target: str = field("", "Training target text, aligned with train_source.",
+                              affects_results=False)
+    dev_source: str = field("", "Dev source (validation loss and BLEU); optional.",
+                            affects_results=False)
+    dev_target: str = field("", "Dev target reference.", affects_results=False)
+    test_source: str = field("", "Test source (tools/evaluate.py default); optional.",
+                             affects_results=False)
+    test_target: str = field("", "Test target reference.", affects_results=False)
     vocab: str = field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
-                       "(learned from the training data if missing).")
+                       "(learned from the training data if missing).", affects_results=False)
     vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
     vocab_min_count: int = field(10, "Least count of a word or piece that the vocabulary "
                                  "learner keeps (tensorflow-text's lower_thresh): a small "
@@ -160,7 +166,7 @@ class WarmStartConfig:
 
 @dataclasses.dataclass
 class TrainingConfig:
-    train_steps: int = field(100000, "Number of optimizer updates.", min=1)
+    train_steps: int = field(100000, "Number of optimizer updates.", min=1, affects_results=False)
     batch_tokens: int = field(4096, "Approximate source+target tokens per global batch.", min=1)
     gradient_accumulation_steps: int = field(1, "Micro-batches accumulated per update.", min=1)
     schedule: ScheduleConfig = field(ScheduleConfig(), "Learning-rate schedule: type and "
@@ -177,23 +183,30 @@ class TrainingConfig:
     adaptive_clipping: AdaptiveClippingConfig = field(AdaptiveClippingConfig(),
                                                       "Adaptive gradient clipping (RNMT+).")
     seed: int = field(42, "Seed for initialisation, dropout and data order.")
-    log_every: int = field(100, "Steps between console/TensorBoard logs.", min=1)
-    checkpoint_every: int = field(1000, "Steps between checkpoints.", min=1)
-    keep_checkpoints: int = field(5, "Checkpoints to keep.", min=1)
-    eval_every: int = field(5000, "Steps between dev evaluations (0 = never).", min=0)
-    eval_bleu: bool = field(True, "Compute dev BLEU (greedy decoding) at each evaluation.")
+    # How long a run trains and how it is logged, checkpointed, evaluated and compiled does not
+    # change what it computes (affects_results=False: the experiment suite resumes across them).
+    log_every: int = field(100, "Steps between console/TensorBoard logs.", min=1,
+                           affects_results=False)
+    checkpoint_every: int = field(1000, "Steps between checkpoints.", min=1,
+                                  affects_results=False)
+    keep_checkpoints: int = field(5, "Checkpoints to keep.", min=1, affects_results=False)
+    eval_every: int = field(5000, "Steps between dev evaluations (0 = never).", min=0,
+                            affects_results=False)
+    eval_bleu: bool = field(True, "Compute dev BLEU (greedy decoding) at each evaluation.",
+                            affects_results=False)
     grad_norm_ratio_every: int = field(0, "Steps between grad-norm-ratio diagnostics (0 = "
-                                       "off).", min=0)
+                                       "off).", min=0, affects_results=False)
     diagnostics_every: int = field(0, "Steps between the TensorBoard heatmaps of the mixing "
                                    "weights (transparent attention, DLCL) and the mean "
                                    "lexical-shortcut gates on a fixed batch (0: every "
-                                   "log_every steps).", min=0)
-    jit_compile: bool = field(False, "Compile the training step with XLA.")
+                                   "log_every steps).", min=0, affects_results=False)
+    jit_compile: bool = field(False, "Compile the training step with XLA.",
+                              affects_results=False)
     static_shapes: bool = field(False, "Pad every training batch to its length bucket's bound "
                                 "and trace the step once per batch shape, so that each "
                                 "traced step sees fixed shapes (faster on CPU, more so in "
                                 "mixed_bfloat16: BENCHMARKS.md), instead of one step for "
-                                "batches of any shape.")
+                                "batches of any shape.", affects_results=False)
     precision: str = field("float32", "Keras dtype policy of the model: 'float32', "
                            "'mixed_bfloat16' or 'mixed_float16' (float32 variables and "
                            "checkpoints, half-precision activations; softmax, LayerNorm "
@@ -203,10 +216,10 @@ class TrainingConfig:
     max_consecutive_skipped: int = field(100, "Stop with an error (naming the last good "
                                          "checkpoint) after this many consecutive updates "
                                          "skipped because the loss or gradient norm was not "
-                                         "finite (0: never).", min=0)
+                                         "finite (0: never).", min=0, affects_results=False)
     loss_explosion_factor: float = field(10.0, "Warn when a log window's mean loss exceeds "
                                          "this many times the lowest one so far (0: never; "
-                                         "else > 1).", min=0.0)
+                                         "else > 1).", min=0.0, affects_results=False)
     warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
     freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
                                     "e.g. [encoder/stages/0]) whose variables are not trained "

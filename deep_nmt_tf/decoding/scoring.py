@@ -1,4 +1,6 @@
-"""Corpus scores of translations (sacreBLEU) and checkpoint-window statistics (no TensorFlow).
+"""Corpus scores of translations (sacreBLEU) and checkpoint-window statistics (no TensorFlow):
+the one place that scores translations (``deep-nmt-evaluate``, dev BLEU during training, the
+experiment suite's tables).
 
 Three scores, each with its sacreBLEU signature (the reproducibility string of Post 2018):
 
@@ -23,9 +25,28 @@ from __future__ import annotations
 import math
 from typing import Dict, Sequence, Tuple
 
-__all__ = ["TOKENIZED_BLEU_TOKENIZE", "corpus_scores", "checkpoint_window", "mean_std"]
+__all__ = ["TOKENIZED_BLEU_TOKENIZE", "corpus_bleu", "corpus_scores", "table_scores",
+           "checkpoint_window", "mean_std"]
 
 TOKENIZED_BLEU_TOKENIZE = "intl"
+
+
+def _check_pairs(hypotheses: Sequence[str], references: Sequence[str]):
+    hypotheses, references = list(hypotheses), list(references)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    return hypotheses, references
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str],
+                lowercase: bool = False) -> float:
+    """sacreBLEU BLEU alone (13a, one reference; case-insensitive with ``lowercase``, for a
+    model trained on lowercased text): the dev BLEU of training, cheaper than
+    :func:`corpus_scores`."""
+    from sacrebleu.metrics import BLEU
+
+    hypotheses, references = _check_pairs(hypotheses, references)
+    return float(BLEU(lowercase=lowercase).corpus_score(hypotheses, [references]).score)
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
@@ -51,9 +72,7 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
     """
     from sacrebleu.metrics import BLEU, CHRF
 
-    hypotheses, references = list(hypotheses), list(references)
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    hypotheses, references = _check_pairs(hypotheses, references)
     out: Dict[str, object] = {}
     for key, metric in (("bleu", BLEU(lowercase=lowercase)), ("bleu_lc", BLEU(lowercase=True)),
                         ("chrf", CHRF(lowercase=lowercase)),
@@ -65,6 +84,18 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
         out[f"{key}_line"] = str(result)
         if key == "bleu":
             out["brevity_penalty"] = float(result.bp)
+    return out
+
+
+def table_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, object]:
+    """``bleu`` (cased), ``bleu_lc`` (lowercased) and ``chrf`` of :func:`corpus_scores`
+    rounded to 2 decimals for a results table, the brevity penalty (4 decimals) and the three
+    signatures (the experiment suite's ``results.json``)."""
+    scores = corpus_scores(hypotheses, references)
+    out: Dict[str, object] = {key: round(scores[key], 2) for key in ("bleu", "bleu_lc", "chrf")}
+    out["brevity_penalty"] = round(scores["brevity_penalty"], 4)
+    out.update({f"{key}_signature": scores[f"{key}_signature"]
+                for key in ("bleu", "bleu_lc", "chrf")})
     return out
 
 

@@ -20,7 +20,7 @@ re-attached).  By hand, the same is::
         tokens, beam_size=1, min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
     Detokenizer(vocab)([vocab.index(t) for t in out[0].hypotheses[0]])
 
-Source preparation and length limits follow :class:`~deep_nmt_tf.export.Translator`:
+Source preparation and length limits follow :class:`~deep_nmt_tf.inference.Translator`:
 ``<pad>``/``<s>``/``</s>`` tokens are dropped, a source keeps at most
 ``decoding.max_input_length - 1`` tokens (the model appends ``</s>``), a translation at most
 ``floor(max_length_a * n + max_length_b)`` tokens (``n`` the source tokens; CTranslate2 is
@@ -43,6 +43,7 @@ import math
 import os
 from typing import Dict, List, NamedTuple, Optional, Sequence
 
+from deep_nmt_tf.config.rules import check_search_options
 from deep_nmt_tf.constants import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_ID, UNK_TOKEN
 from deep_nmt_tf.export.ctranslate2 import METADATA_FILE, require_ctranslate2
 
@@ -170,11 +171,7 @@ class CTranslate2Translator:
         n_best = min(int(d["n_best"]), beam_size) if n_best is None else int(n_best)
         a = d["max_length_a"] if max_length_a is None else max_length_a
         b = d["max_length_b"] if max_length_b is None else max_length_b
-        if beam_size < 1 or not 1 <= n_best <= beam_size:
-            raise ValueError(f"need beam_size >= 1 and 1 <= n_best <= beam_size, got "
-                             f"beam_size={beam_size}, n_best={n_best}")
-        if not math.isfinite(length_penalty) or length_penalty < 0:
-            raise ValueError(f"length_penalty must be finite and >= 0, got {length_penalty}")
+        check_search_options(beam_size, n_best, length_penalty)  # a ValueError naming the option
         prepared = [self._source(s) for s in sources]
         groups = collections.defaultdict(list)
         for i, source in enumerate(prepared):

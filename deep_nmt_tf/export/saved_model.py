@@ -45,7 +45,8 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf.config import save_config
-from deep_nmt_tf.export.translator import TranslationModule, Translator
+from deep_nmt_tf.decoding.options import SearchOptions
+from deep_nmt_tf.export.module import TranslationModule
 from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["SIGNATURES", "next_version", "export_saved_model", "export_model_dir",
@@ -72,7 +73,7 @@ def export_saved_model(module: TranslationModule, export_dir: str,
     TF Serving instance watching ``export_dir`` never sees a half-written version.
 
     Args:
-      module: a :class:`~deep_nmt_tf.export.translator.TranslationModule` (with restored
+      module: a :class:`~deep_nmt_tf.export.module.TranslationModule` (with restored
         weights).
       export_dir: the base directory.
       version: integer version (default :func:`next_version`).
@@ -124,29 +125,33 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
       model_dir: trainer (or average_checkpoints) output directory.
       export_dir: base export directory; the SavedModel goes to ``export_dir/<version>``
         (default: the run directory's ``exports/``).
-      checkpoint: checkpoint prefix (default: the latest of ``model_dir``).
+      checkpoint: a checkpoint, or a run directory (its latest); default the latest of
+        ``model_dir`` (either kind: ``ckpt-N`` or ``fit``'s ``.weights.h5``).
       version: integer version (default: next free).
       overrides: config overrides, e.g. ``decoding.beam_size=8`` (baked into
         ``serving_default``).
       jit_compile: compile the search with XLA (faster in float32; TF Serving then needs
         ``--xla_cpu_compilation_enabled=true``).  None: XLA unless ``precision`` is bfloat16 and
         this machine has no GPU or TPU
-        (:func:`~deep_nmt_tf.export.translator.default_jit_compile`).
+        (:func:`~deep_nmt_tf.export.module.default_jit_compile`).
       overwrite: replace an existing version.
       precision: ``float32``, ``bfloat16`` or ``float16`` weights and activations
-        (:meth:`~deep_nmt_tf.export.translator.Translator.from_model_dir`); the signatures
-        still take and return strings and float32 scores.
+        (:func:`deep_nmt_tf.inference.load_run`); the signatures still take and return strings
+        and float32 scores.
 
     Returns:
       The version directory.
     """
+    from deep_nmt_tf.inference.translator import load_run
+
     if export_dir is None:
         export_dir = RunDir(model_dir).export_dir
-    translator = Translator.from_model_dir(model_dir, checkpoint=checkpoint,
-                                           overrides=overrides, jit_compile=jit_compile,
-                                           precision=precision)
-    return export_saved_model(translator.module, export_dir, version=version,
-                              overwrite=overwrite, config=translator.config)
+    run = load_run(model_dir, checkpoint, overrides, precision)
+    d = run.config.decoding
+    module = TranslationModule(run.build_model(), run.tokenizer, SearchOptions.from_config(d),
+                               d.max_input_length, jit_compile=jit_compile)
+    return export_saved_model(module, export_dir, version=version, overwrite=overwrite,
+                              config=run.config)
 
 
 def load_saved_model(path: str):

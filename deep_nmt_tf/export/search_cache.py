@@ -46,7 +46,7 @@ CACHE_FORMAT = 1
 #: Entries a :class:`SearchCache` keeps by default (each a few hundred KB).
 DEFAULT_MAX_ENTRIES = 256
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CODE = ("layers", "models", "decoding", "compat.py", "constants.py", "export/translator.py",
+_CODE = ("layers", "models", "decoding", "compat.py", "constants.py", "export/module.py",
          "export/search_cache.py")
 
 

@@ -4,12 +4,10 @@ The custom ``tf.distribute`` loop (:mod:`deep_nmt_tf.training`) stays the main r
 package is for notebooks and for machines with only JAX (or PyTorch), e.g. a GPU machine
 without TensorFlow:
 
-* :mod:`.losses`: the label-smoothed cross-entropy in ``keras.ops`` (the custom loop's sums,
-  and :class:`LabelSmoothedCrossEntropy` for ``compile``);
-* :mod:`.schedules`, :mod:`.rnmt_schedule`: the learning-rate schedules and their registry
-  (``deep_nmt_tf.training.schedules`` re-exports them);
-* :mod:`.compiling`: :func:`compile_model` (loss, schedule, Adam, clipping, accumulation,
-  weight decay from a config), :func:`check_fit_config` (what fit refuses, naming the key),
+* the loss, the schedules, Adam and the weight-decay rule are the custom loop's, from the shared
+  :class:`deep_nmt_tf.task.TranslationTask` (:mod:`deep_nmt_tf.task`);
+* :mod:`.compiling`: :func:`compile_model` (the task's loss, schedule, Adam, clipping,
+  accumulation, weight decay), :func:`check_fit_config` (what fit refuses, naming the key),
   :func:`setup_distribution` (``keras.distribution.DataParallel``);
 * :mod:`.callbacks`: checkpoints in the run directory (``ckpt-N.weights.h5``, read by every
   tool) and progress;
@@ -28,26 +26,13 @@ Example (a notebook; ``examples/quickstart.ipynb``)::
               epochs=3, shuffle=False)
 """
 
-from deep_nmt_tf.fit.compiling import (UNSUPPORTED, build_fit_model, build_fit_optimizer,
-                                       check_fit_config, compile_model, setup_distribution)
-from deep_nmt_tf.fit.losses import (LabelSmoothedCrossEntropy, LossSums, cross_entropy_sums,
-                                    loss_denominator)
-from deep_nmt_tf.fit.schedules import (SCHEDULE_BUILDERS, UpdateCountSchedule, build_schedule,
-                                       register_schedule)
+from deep_nmt_tf.fit.compiling import (UNSUPPORTED, build_fit_model, check_fit_config,
+                                       compile_model, setup_distribution)
 
 __all__ = [
     "UNSUPPORTED",
     "build_fit_model",
-    "build_fit_optimizer",
     "check_fit_config",
     "compile_model",
     "setup_distribution",
-    "LabelSmoothedCrossEntropy",
-    "LossSums",
-    "cross_entropy_sums",
-    "loss_denominator",
-    "SCHEDULE_BUILDERS",
-    "UpdateCountSchedule",
-    "build_schedule",
-    "register_schedule",
 ]

@@ -2,14 +2,16 @@
 
 * :class:`RunDirCheckpoint` writes ``MODEL_DIR/ckpt-N.weights.h5`` (``N`` = updates applied;
   Keras' ``save_weights``: the model's and the optimizer's weights) every
-  ``training.checkpoint_every`` updates and at the end, keeping ``training.keep_checkpoints``.
+  ``training.checkpoint_every`` updates and at the end, keeping ``training.keep_checkpoints``
+  (the run directory's :meth:`deep_nmt_tf.checkpoints.CheckpointStore.save`).
   ``deep-nmt-translate``, ``-evaluate`` and ``-export`` load them on TensorFlow like a
-  ``ckpt-N`` (:func:`deep_nmt_tf.checkpointing.restore_model_weights`); :func:`deep_nmt_tf.fit.
-  run.train` resumes from the newest.
+  ``ckpt-N`` (through the same store); :func:`deep_nmt_tf.fit.run.train` resumes from the
+  newest that can be read.
 * :class:`ProgressLogger`: a progress bar on a terminal (:class:`deep_nmt_tf.progress.
   Progress`: step, loss, tokens/s, ETA) and a plain line per ``fit`` epoch (the run's
   ``training.log_every`` updates): loss, tokens/s, learning rate, ETA and the validation loss
-  when there was one.
+  when there was one; tokens and time are counted in a :class:`deep_nmt_tf.progress.LogWindow`
+  and the line is :meth:`~deep_nmt_tf.progress.Progress.log_line`, as in the custom loop.
 
 Both count updates themselves (``batches // gradient_accumulation_steps``) and touch
 ``self.model`` only when they save or read the learning rate: on JAX, reading the model's
@@ -18,17 +20,15 @@ variables during ``fit`` copies the training state back into them.
 
 from __future__ import annotations
 
-import math
-import os
-import time
 from typing import Dict, Optional
 
 import keras
 from absl import logging
 from keras import ops
 
-from deep_nmt_tf.progress import Progress
-from deep_nmt_tf.run_dir import RunDir
+from deep_nmt_tf.checkpoints import CheckpointStore
+from deep_nmt_tf.progress import LogWindow, Progress
+from deep_nmt_tf.task import per_token_metrics
 
 __all__ = ["RunDirCheckpoint", "ProgressLogger"]
 
@@ -66,7 +66,7 @@ class RunDirCheckpoint(_UpdateCounter):
     def __init__(self, run_dir, every: int, keep: int, start_update: int = 0,
                  accumulation: int = 1):
         super().__init__(start_update, accumulation)
-        self.run_dir = RunDir(run_dir)
+        self.store = CheckpointStore(run_dir)
         self.every = max(1, int(every))
         self.keep = max(1, int(keep))
         self.last_saved: Optional[int] = None
@@ -76,12 +76,8 @@ class RunDirCheckpoint(_UpdateCounter):
         step = self.updates
         if step == self.last_saved or step == 0:
             return None
-        os.makedirs(self.run_dir.path, exist_ok=True)
-        path = self.run_dir.keras_weights_path(step)
-        self.model.save_weights(path)
+        path = self.store.save(self.model, step, self.keep)
         self.last_saved = step
-        for old in self.run_dir.list_keras_weights()[:-self.keep]:
-            os.remove(old)
         logging.info("Saved checkpoint %s", path)
         return path
 
@@ -122,13 +118,12 @@ class ProgressLogger(_UpdateCounter):
         self.batches = batches
         self.progress = Progress(last_update, start_update, stream=stream)
         self.history: Dict[str, float] = {}
-        self._tokens = 0
-        self._window_start = time.perf_counter()
+        self._window = LogWindow(sum_keys=("tokens",), token_keys=("tokens",))
 
     def _tokens_per_second(self) -> Optional[float]:
         if self.batches is None:
             return None
-        return self._tokens / max(time.perf_counter() - self._window_start, 1e-9)
+        return self._window.tokens_per_second()
 
     def on_train_begin(self, logs=None):
         self.progress.__enter__()
@@ -136,13 +131,12 @@ class ProgressLogger(_UpdateCounter):
                      keras.backend.backend(), self.start_update, self.last_update)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._tokens = 0
-        self._window_start = time.perf_counter()
+        self._window = LogWindow(sum_keys=("tokens",), token_keys=("tokens",))
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
         if self.batches is not None:
-            self._tokens += self.batches.tokens(batch)
+            self._window.add({"tokens": self.batches.tokens(batch)})
         if self.progress.interactive:
             self.progress.update(self.updates, _float((logs or {}).get("loss")),
                                  self._tokens_per_second())
@@ -156,8 +150,7 @@ class ProgressLogger(_UpdateCounter):
         rate = _float(self.model.optimizer.learning_rate)
         values = {"loss": loss, "learning_rate": rate,
                   "tokens_per_second": self._tokens_per_second()}
-        line = [f"step {step}/{self.last_update}: loss {loss:.4f}" if loss is not None
-                else f"step {step}/{self.last_update}:"]
+        line = [f"loss {loss:.4f}"] if loss is not None else []
         if rate is not None:
             line.append(f"lr {rate:.3e}")
         if values["tokens_per_second"] is not None:
@@ -165,9 +158,9 @@ class ProgressLogger(_UpdateCounter):
         val = _float(logs.get("val_loss"))
         if val is not None:
             values["eval_loss"] = val
-            line.append(f"dev loss {val:.4f} (ppl {math.exp(min(val, 100.0)):.2f})")
-        line.append(f"ETA {self.progress.eta(step)}")
-        logging.info("%s", ", ".join(line))
+            ppl = per_token_metrics(val, val, 1.0)["perplexity"]
+            line.append(f"dev loss {val:.4f} (ppl {ppl:.2f})")
+        logging.info("%s", self.progress.log_line(step, line))
         self.history = {k: v for k, v in values.items() if v is not None}
 
     def on_train_end(self, logs=None):

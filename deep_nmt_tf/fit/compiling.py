@@ -1,7 +1,8 @@
 """``compile`` from a config: the custom loop's loss, schedule, Adam, clipping, accumulation
 and weight decay as Keras objects, for ``model.fit`` on any backend.
 
-:func:`compile_model` maps the ``training`` keys the custom loop reads to Keras:
+Every part comes from the :class:`~deep_nmt_tf.task.TranslationTask` that the custom loop
+builds on too; :func:`compile_model` maps the ``training`` keys to Keras:
 
 ==================================  ========================================================
 ``training.schedule``               the same ``LearningRateSchedule`` (:mod:`.schedules`),
@@ -44,11 +45,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import keras
 
 from deep_nmt_tf.config import Config, ConfigError
-from deep_nmt_tf.fit.losses import LabelSmoothedCrossEntropy
-from deep_nmt_tf.fit.schedules import UpdateCountSchedule, build_schedule
+from deep_nmt_tf.task import TranslationTask
 
 __all__ = ["UNSUPPORTED", "check_fit_config", "setup_distribution", "build_fit_model",
-           "build_fit_optimizer", "compile_model"]
+           "compile_model"]
 
 #: ``(key, is_set(training), why)``: what ``fit`` refuses.
 UNSUPPORTED: Tuple[Tuple[str, Callable, str], ...] = (
@@ -99,38 +99,18 @@ def setup_distribution(devices: Optional[Sequence] = None) -> int:
 
 def build_fit_model(config: Config):
     """The :class:`~deep_nmt_tf.models.Seq2SeqModel` of ``config.model``, built, with the
-    dtype policy of ``training.precision``."""
-    from deep_nmt_tf.models import Seq2SeqModel
-
-    precision = config.training.precision
-    model = Seq2SeqModel(config.model, name="seq2seq",
-                         dtype=None if precision == "float32" else precision)
-    model.build()
-    return model
+    dtype policy of ``training.precision`` (:meth:`~deep_nmt_tf.task.TranslationTask.
+    build_model`)."""
+    return TranslationTask(config).build_model()
 
 
-def build_fit_optimizer(config: Config, num_replicas: int = 1) -> keras.optimizers.Optimizer:
-    """Adam with the config's schedule, betas, epsilon, clipping and accumulation (module
-    docstring); wrapped in ``LossScaleOptimizer`` for ``mixed_float16``."""
-    t = config.training
-    schedule = build_schedule(config, num_replicas=num_replicas)
-    k = t.gradient_accumulation_steps
-    if k > 1:
-        schedule = UpdateCountSchedule(schedule, k)
-    optimizer = keras.optimizers.Adam(
-        learning_rate=schedule, beta_1=t.adam_beta1, beta_2=t.adam_beta2, epsilon=t.adam_epsilon,
-        global_clipnorm=t.clip_norm if t.clip_norm > 0 else None,
-        gradient_accumulation_steps=k if k > 1 else None, name="adam")
-    if t.precision == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
-
-
-def _add_weight_decay(model, weight_decay: float) -> List:
-    """L2 ``wd * ||w||^2 / 2`` on the trainable variables of rank >= 2 (the custom loop's
-    rule, :func:`deep_nmt_tf.training.optimizers.decayed_variable_mask`)."""
-    decayed = [v for v in model.trainable_variables if len(v.shape) >= 2]
-    regularizer = keras.regularizers.L2(weight_decay / 2.0) if weight_decay > 0 else None
+def _add_weight_decay(model, task: TranslationTask) -> List:
+    """L2 ``wd * ||w||^2 / 2`` on the trainable variables that the task's weight-decay mask
+    selects (the custom loop's rule, :func:`deep_nmt_tf.task.decayed_variable_mask`)."""
+    variables = model.trainable_variables
+    decayed = [v for v, d in zip(variables, task.decayed_mask(variables)) if d]
+    regularizer = (keras.regularizers.L2(task.weight_decay / 2.0) if task.weight_decay > 0
+                   else None)
     for variable in decayed:
         variable.regularizer = regularizer
     return decayed
@@ -159,14 +139,13 @@ def compile_model(model, config: Config, num_replicas: Optional[int] = None,
       >>> model.fit(TokenBatches.from_config(config, TokenIds.load(path), 100), epochs=3)
     """
     check_fit_config(config)
-    t = config.training
+    task = TranslationTask(config)
     if num_replicas is None:
         distribution = keras.distribution.distribution()
         num_replicas = len(distribution.device_mesh.devices.flatten()) if distribution else 1
-    _add_weight_decay(model, t.weight_decay)
+    _add_weight_decay(model, task)
     compile_kwargs.setdefault("jit_compile", True if _backend() == "jax" else
-                              bool(t.jit_compile) and _backend() == "tensorflow")
-    model.compile(optimizer=build_fit_optimizer(config, num_replicas),
-                  loss=LabelSmoothedCrossEntropy(t.label_smoothing, t.loss_normalization),
-                  metrics=metrics, **compile_kwargs)
+                              bool(config.training.jit_compile) and _backend() == "tensorflow")
+    model.compile(optimizer=task.build_optimizer(num_replicas, keras_update=True),
+                  loss=task.build_loss(), metrics=metrics, **compile_kwargs)
     return model

@@ -17,9 +17,12 @@ The run:
    (:func:`~deep_nmt_tf.fit.compiling.setup_distribution`), the seed, the model
    (:func:`~deep_nmt_tf.fit.compiling.build_fit_model`) and :func:`~deep_nmt_tf.fit.
    compiling.compile_model`;
-3. resume: the newest ``ckpt-N.weights.h5`` restores the model and the optimizer (its update
-   counter, so the schedule continues), and the batch stream skips the ``N *
-   gradient_accumulation_steps`` batches consumed;
+3. resume, decided by the run directory's checkpoint store as in the custom loop
+   (:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.resume_point`): the newest
+   ``ckpt-N.weights.h5`` that passes the integrity check (damaged newer ones are skipped with a
+   WARNING and kept, renamed ``*.unreadable``; none readable is a ``CheckpointError``) restores
+   the model and the optimizer (its update counter, so the schedule continues), and the batch
+   stream skips the ``N * gradient_accumulation_steps`` batches consumed;
 4. ``fit`` on :class:`~deep_nmt_tf.data.batching.TokenBatches` with one ``fit`` epoch per
    ``training.log_every`` updates, until ``training.train_steps`` updates; the dev loss every
    ``training.eval_every`` updates (rounded to whole epochs; :class:`~deep_nmt_tf.data.
@@ -37,26 +40,34 @@ from typing import Dict, Optional, Sequence
 import keras
 from absl import logging
 
+from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointStore
 from deep_nmt_tf.data.batching import EvalBatches, TokenBatches
 from deep_nmt_tf.data.token_ids import TokenIds
 from deep_nmt_tf.fit import compiling
 from deep_nmt_tf.fit.callbacks import ProgressLogger, RunDirCheckpoint
 from deep_nmt_tf.run_dir import RunDir
 
-__all__ = ["restore_latest", "train"]
+__all__ = ["restore_resume_point", "train"]
 
 
-def restore_latest(model, run_dir: RunDir) -> int:
-    """Loads the newest ``ckpt-N.weights.h5`` of ``run_dir`` into a compiled ``model`` (the
-    optimizer too); returns the updates it had applied (0 when there is none)."""
-    saved = run_dir.list_keras_weights()
-    if not saved:
+def restore_resume_point(model, run_dir: RunDir) -> int:
+    """Loads the resume point of ``run_dir`` (the newest ``ckpt-N.weights.h5`` that can be
+    read) into a compiled ``model`` (the optimizer too); returns the updates it had applied (0
+    when there is none).
+
+    Raises:
+      CheckpointError: ``.weights.h5`` files, none readable (named with their problems).
+    """
+    store = CheckpointStore(run_dir)
+    path = store.set_aside_skipped(store.resume_point(
+        KERAS_WEIGHTS, start_over_hint="move them away to train from update 0"))
+    if path is None:
         return 0
     model.optimizer.build(model.trainable_variables)
-    model.load_weights(saved[-1])
+    model.load_weights(path)
     iterations = model.optimizer.iterations
     updates = int(keras.ops.convert_to_numpy(iterations))
-    logging.info("Restored %s (%d updates applied)", saved[-1], updates)
+    logging.info("Restored %s (%d updates applied)", path, updates)
     return updates
 
 
@@ -79,6 +90,7 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     Raises:
       FileNotFoundError: no ``config.yaml``.
       ConfigError: a changed model, or a key fit cannot honour.
+      CheckpointError: checkpoints, none readable.
       DataError: no ``data/train.npz``, or one tokenised with another vocabulary.
     """
     run_dir = RunDir(model_dir)
@@ -93,7 +105,7 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     keras.utils.set_random_seed(t.seed)
     model = compiling.build_fit_model(config)
     compiling.compile_model(model, config, num_replicas=replicas)
-    start = restore_latest(model, run_dir)
+    start = restore_resume_point(model, run_dir)
     if start >= t.train_steps:
         logging.info("Nothing to do: update %d >= %d", start, t.train_steps)
         return {}

@@ -1,47 +1,38 @@
-"""Training: losses, learning-rate schedules, optimizer, strategies, the trainer and its runner.
+"""The custom training loop: strategies, the trainer and the runner that owns it.
 
-TensorFlow backend only (``tf.distribute``, ``tf.data``, ``tf.train.Checkpoint``).
-:class:`Trainer` (``trainer.py``) is one update; :class:`Runner` (``runner.py``) is the run
-around it (data, warm start, restore, checkpoints, evaluation, logs, the loop's schedule);
-``health.py`` is what stops a run cleanly (signals, non-finite streaks, lost workers).
+TensorFlow backend only (``tf.distribute``, ``tf.data``, ``tf.train.Checkpoint``).  The
+loss, the schedules and the optimizer's settings are the task's (:mod:`deep_nmt_tf.task`,
+shared with ``compile``/``fit``).
+:class:`Runner` (``runner.py``, Orbit's ``Controller``) is the run: it builds the trainer
+(``trainer.py``: :class:`Trainer`, one update, behind the declared interface of
+``interface.py``), resumes or warm-starts it, and runs the loop with its periodic actions
+(``actions.py``: checkpoints, evaluation, logs, hooks); ``health.py`` is what stops a run
+cleanly (signals, non-finite streaks, lost workers).
 
 Example:
     >>> from deep_nmt_tf.config import load_config
-    >>> from deep_nmt_tf.training import Trainer, make_strategy
+    >>> from deep_nmt_tf.training import Runner, make_strategy
     >>> cfg = load_config("configs/demo.yaml")
-    >>> Trainer(cfg, "runs/demo", strategy=make_strategy("default")).train()
+    >>> Runner(cfg, "runs/demo", strategy=make_strategy("default")).run()
 """
 
 from deep_nmt_tf.checkpointing import model_checkpoint, restore_model_weights
+from deep_nmt_tf.training.actions import PeriodicAction, TrainHook
 from deep_nmt_tf.training.health import TrainingDiverged, TrainingInterrupted, WorkerLost
-from deep_nmt_tf.training.losses import LossSums, cross_entropy_sums, loss_denominator
-from deep_nmt_tf.training.metrics import corpus_bleu
+from deep_nmt_tf.training.interface import DevEvaluation, TrainerInterface
 from deep_nmt_tf.training.optimizers import (ClipByGlobalNorm, GradientTransform,
-                                             build_gradient_transforms, build_optimizer)
-from deep_nmt_tf.training.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
-                                            InverseSqrtSchedule, TransformerSchedule,
-                                            build_schedule, register_schedule)
-from deep_nmt_tf.training.runner import PeriodicAction, Runner
+                                             ReducedGradientsAdam, build_gradient_transforms)
+from deep_nmt_tf.training.runner import Runner
 from deep_nmt_tf.training.strategy import STRATEGIES, is_chief, make_strategy
-from deep_nmt_tf.training.trainer import TrainHook, Trainer
+from deep_nmt_tf.training.trainer import Trainer
 
 __all__ = [
     "model_checkpoint",
     "restore_model_weights",
-    "LossSums",
-    "cross_entropy_sums",
-    "loss_denominator",
-    "corpus_bleu",
     "ClipByGlobalNorm",
     "GradientTransform",
+    "ReducedGradientsAdam",
     "build_gradient_transforms",
-    "build_optimizer",
-    "SCHEDULE_BUILDERS",
-    "ConstantSchedule",
-    "InverseSqrtSchedule",
-    "TransformerSchedule",
-    "build_schedule",
-    "register_schedule",
     "STRATEGIES",
     "is_chief",
     "make_strategy",
@@ -49,6 +40,8 @@ __all__ = [
     "Runner",
     "TrainHook",
     "Trainer",
+    "TrainerInterface",
+    "DevEvaluation",
     "TrainingDiverged",
     "TrainingInterrupted",
     "WorkerLost",

@@ -72,7 +72,7 @@ def grad_norm_ratio(model, batch: Mapping[str, tf.Tensor], label_smoothing: floa
     Returns:
       ``{"grad_norm_ratio", "grad_norm_h1", "grad_norm_hN"}`` as floats.
     """
-    from deep_nmt_tf.training.losses import cross_entropy_sums
+    from deep_nmt_tf.task.losses import cross_entropy_sums
 
     with tf.GradientTape() as tape:
         encoded = model.encode(batch["source_ids"], training=training)

@@ -2,7 +2,7 @@
 
 :class:`Evaluator` computes the dev loss, NLL, perplexity and, with ``training.eval_bleu``,
 sacreBLEU of greedy decoding (case-insensitive when ``data.lowercase``: such a model cannot
-produce case).  Greedy decoding is :func:`deep_nmt_tf.decoding.search.search`
+produce case).  Greedy decoding is :meth:`deep_nmt_tf.decoding.SearchOptions.search`
 with beam size 1 and the per-sentence length limit ``floor(a * n + b)`` of
 ``decoding.max_length_a`` / ``decoding.max_length_b`` (``n`` = source tokens), the search and
 the rule that ``deep-nmt-translate`` and ``deep-nmt-evaluate`` use; it runs in a
@@ -11,14 +11,15 @@ the rule that ``deep-nmt-translate`` and ``deep-nmt-evaluate`` use; it runs in a
 :func:`model_diagnostics` and :func:`write_diagnostics` turn the model's learned mixing weights
 and lexical-shortcut gates into TensorBoard scalars and images (``training.diagnostics_every``).
 
-Both work on the duck-typed trainer the runner drives (:mod:`deep_nmt_tf.training.runner`):
-``model``, ``config``, ``compute_loss``, ``build_eval_dataset``, ``build_train_dataset``,
-``detokenize``, ``is_chief``.
+The runner (:mod:`deep_nmt_tf.training.runner`) builds both from its trainer: they read the
+trainer's declared members (:mod:`deep_nmt_tf.training.interface`: ``model``, ``config`` and,
+for dev evaluation and the gates' batch, the :class:`~deep_nmt_tf.training.interface.
+DevEvaluation` ones ``compute_loss``, ``build_eval_dataset``, ``build_train_dataset``,
+``detokenize``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Dict, List
 
@@ -27,7 +28,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.decoding.search import search
+from deep_nmt_tf.decoding.scoring import corpus_bleu
+from deep_nmt_tf.decoding.options import SearchOptions
+from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import metrics
 
@@ -37,11 +40,10 @@ _BATCH_KEYS = ("source_ids", "target_input_ids", "target_output_ids")
 
 
 def greedy_ids(model, source_ids, decoding):
-    """Greedy output ids ``[B, L]`` (``PAD_ID`` after the last token; no ``EOS``) of
-    :func:`~deep_nmt_tf.decoding.search.search` with beam 1 and ``decoding.max_length_a/b``."""
-    out = search(model, source_ids, beam_size=1, max_length_a=float(decoding.max_length_a),
-                 max_length_b=int(decoding.max_length_b))
-    return out["ids"][:, 0]
+    """Greedy output ids ``[B, L]`` (``PAD_ID`` after the last token; no ``EOS``): the search
+    options of the ``decoding`` section, greedy (:meth:`~deep_nmt_tf.decoding.SearchOptions.
+    greedy`: beam 1, ``decoding.max_length_a/b``)."""
+    return SearchOptions.from_config(decoding).greedy().search(model, source_ids)["ids"][:, 0]
 
 
 class Evaluator:
@@ -59,6 +61,10 @@ class Evaluator:
         self._greedy_fn = tf.function(
             lambda source_ids: greedy_ids(trainer.model, source_ids, trainer.config.decoding),
             input_signature=[tf.TensorSpec([None, None], tf.int32)])
+
+    def has_dev_set(self) -> bool:
+        """Whether the trainer has dev batches (``data.dev_source``/``dev_target``)."""
+        return self.trainer.build_eval_dataset() is not None
 
     def __call__(self):
         """Evaluates on the dev set; returns ``(results, gates)`` (empty dicts without a dev
@@ -88,12 +94,10 @@ class Evaluator:
                 ids = self._greedy_fn(tf.cast(batch["source_ids"], tf.int32)).numpy()
                 hypotheses.extend(trainer.detokenize(ids))
                 references.extend(x.decode("utf-8") for x in batch["target_text"].numpy())
-        tokens = max(totals[2], 1.0)
-        results = {"loss": totals[0] / tokens, "nll": totals[1] / tokens,
-                   "perplexity": math.exp(min(totals[1] / tokens, 100.0))}
+        results = per_token_metrics(totals[0], totals[1], totals[2])
         if references:
-            results["bleu"] = metrics.corpus_bleu(
-                hypotheses, references, lowercase=trainer.config.data.lowercase)
+            results["bleu"] = corpus_bleu(hypotheses, references,
+                                          lowercase=trainer.config.data.lowercase)
         return {k: float(v) for k, v in results.items()}, gates
 
     def evaluate(self, step: int, writer=None) -> Dict[str, float]:
@@ -142,17 +146,19 @@ class DiagnosticsWriter:
     else the first training micro-batch).
 
     Args:
-      trainer: the trainer (``model``, ``is_chief``, ``build_eval_dataset``,
-        ``build_train_dataset``).
+      trainer: the trainer (``model``, and ``build_eval_dataset``, ``build_train_dataset`` for
+        the gates).
+      chief: whether this worker writes (the others do nothing).
     """
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, chief: bool = True):
         self.trainer = trainer
+        self.chief = chief
         self._batch = self._gates_fn = None
 
     def __call__(self, writer, step: int) -> None:
         trainer, model = self.trainer, self.trainer.model
-        if not trainer.is_chief:
+        if not self.chief:
             return
         diagnostics_lib.write_weight_images(writer, step, model)
         if not diagnostics_lib.has_shortcut_gates(model):

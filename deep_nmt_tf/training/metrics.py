@@ -1,18 +1,19 @@
-"""Validation helpers: corpus BLEU, token-id clean-up and TensorBoard scalars.
+"""Validation helpers: token-id clean-up and TensorBoard scalars.
 
-Dev BLEU decodes with :mod:`deep_nmt_tf.decoding` (:mod:`deep_nmt_tf.training.evaluation`).
+Dev BLEU decodes with :mod:`deep_nmt_tf.decoding` and is scored by
+:func:`deep_nmt_tf.decoding.scoring.corpus_bleu` (:mod:`deep_nmt_tf.training.evaluation`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from deep_nmt_tf.constants import EOS_ID, PAD_ID
 
-__all__ = ["strip_ids", "corpus_bleu", "write_scalars"]
+__all__ = ["strip_ids", "write_scalars"]
 
 
 def strip_ids(ids: Sequence[int]) -> List[int]:
@@ -24,19 +25,6 @@ def strip_ids(ids: Sequence[int]) -> List[int]:
         if i != PAD_ID:
             out.append(int(i))
     return out
-
-
-def corpus_bleu(hypotheses: Iterable[str], references: Iterable[str],
-                lowercase: bool = False) -> float:
-    """sacreBLEU corpus BLEU (default 13a tokenisation) of detokenised text, one reference;
-    case-insensitive with ``lowercase`` (for a model trained on lowercased text, which cannot
-    produce case)."""
-    import sacrebleu
-
-    hypotheses, references = list(hypotheses), list(references)
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
-    return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
 
 
 def _scalar_metadata():

@@ -1,4 +1,8 @@
-"""Adam, L2 weight decay and gradient transforms for the custom training loop.
+"""The custom loop's Adam, L2 weight decay and gradient transforms.
+
+The optimizer is built by the task's one builder, :func:`deep_nmt_tf.task.build_optimizer`,
+with :class:`ReducedGradientsAdam` as its class; which variables are decayed is the task's rule
+(:func:`deep_nmt_tf.task.decayed_variable_mask`), shared with ``compile``/``fit``.
 
 Gradients reach the optimizer already summed across replicas and normalised by the trainer
 (:mod:`deep_nmt_tf.training.trainer`), because clipping and the diagnostics need the global
@@ -11,9 +15,8 @@ one global batch gives the same update under the default strategy and ``Mirrored
 Weight decay (``training.weight_decay``, ``wd``) is classic L2 regularisation, as in Lingvo's
 RNMT+ recipe: ``wd * sum ||w||^2 / 2`` is added to the (normalised) loss, i.e. ``wd * w`` is added
 to the gradient before clipping and before Adam's moment estimates (this is *not* AdamW's
-decoupled decay).  It applies to kernels and embedding matrices: variables of rank >= 2.  Biases,
-LayerNorm scales/offsets, gate biases and other vectors are not decayed.  Note that rank-2 mixing
-matrices (DLCL, transparent attention) count as kernels under this rule.
+decoupled decay).  It applies to the variables of the task's mask: kernels and embedding
+matrices.
 
 Gradient transforms run in replica context on the reduced, normalised gradients, in order;
 each is a callable ``transform(grads, variables, stats) -> grads`` that may read and add scalar
@@ -37,8 +40,6 @@ from deep_nmt_tf.training.gradient_transforms import ClipByGlobalNorm, GradientT
 
 __all__ = [
     "ReducedGradientsAdam",
-    "build_optimizer",
-    "decayed_variable_mask",
     "add_l2_gradients",
     "l2_penalty",
     "GradientTransform",
@@ -55,30 +56,10 @@ class ReducedGradientsAdam(keras.optimizers.Adam):
     ``apply`` in replica context.  The trainer reduces them itself (to clip and log the global
     norm), so this optimizer leaves them as they are (see
     :func:`deep_nmt_tf.compat.skip_gradient_all_reduce`).  Outside a strategy it is plain Adam.
+    The task's builder makes it (:func:`deep_nmt_tf.task.build_optimizer` with
+    ``optimizer_class=ReducedGradientsAdam``), after
+    :func:`~deep_nmt_tf.compat.check_optimizer_all_reduce_hook`.
     """
-
-
-def build_optimizer(config, learning_rate) -> keras.optimizers.Optimizer:
-    """Adam with ``training.adam_beta1/beta2/epsilon`` and the given rate or schedule.
-
-    Build it inside the strategy scope and call ``optimizer.build(trainable_variables)`` before
-    the first ``strategy.run`` (Keras 3 optimizers cannot create their slots inside a replica
-    function).
-    """
-    compat.check_optimizer_all_reduce_hook()
-    t = config.training
-    return ReducedGradientsAdam(learning_rate=learning_rate, beta_1=t.adam_beta1,
-                                beta_2=t.adam_beta2, epsilon=t.adam_epsilon, name="adam")
-
-
-# --------------------------------------------------------------------------------------------
-# L2 weight decay
-# --------------------------------------------------------------------------------------------
-
-
-def decayed_variable_mask(variables: Sequence) -> List[bool]:
-    """True for the variables L2 weight decay applies to: kernels and embeddings (rank >= 2)."""
-    return [len(v.shape) >= 2 for v in variables]
 
 
 def add_l2_gradients(grads: Sequence, variables: Sequence, weight_decay: float,

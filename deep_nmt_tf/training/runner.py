@@ -1,18 +1,26 @@
-"""The runner: a training run around a :class:`~deep_nmt_tf.training.Trainer`.
+"""The runner: a training run, built from (config, run directory, strategy); it owns the
+trainer (Orbit's ``Controller`` shape).
 
-The trainer owns one update (model, loss, optimizer, gradient accumulation, distribution); the
-runner owns everything around it, in this order:
+The trainer (:class:`~deep_nmt_tf.training.Trainer`, or any object with the declared
+:class:`~deep_nmt_tf.training.interface.TrainerInterface`) owns one update; the runner builds
+it and owns everything around it, in this order:
 
-1. :func:`prepare_run`: checks the config against the run directory
-   (:class:`~deep_nmt_tf.run_dir.RunDir`; a changed model is refused before any work),
-   prepares the data and the vocabulary (the trainer's ``prepare`` hook, by default
-   :func:`deep_nmt_tf.data.prepare_data`) and saves ``config.yaml`` and ``run.json``;
-2. :class:`Runner` (built once the trainer has its model and optimizer): restore of the newest
-   checkpoint that can be read (damaged or missing newer ones are skipped with a WARNING and
-   kept; none readable is an error unless ``start_over``: :class:`~deep_nmt_tf.checkpointing.
-   CheckpointSaver`), or else warm start (``training.warm_start``);
-3. :meth:`Runner.run`: the loop, and after every step the periodic actions of
-   :meth:`Runner.actions`, a declared list of :class:`PeriodicAction` run in this order:
+1. the resume point, decided once before any file is written, by the run directory's checkpoint
+   store (:meth:`deep_nmt_tf.checkpoints.CheckpointStore.resume_point`): the newest ``ckpt-N``
+   that can be read (damaged or missing newer ones are skipped with a WARNING and kept, renamed
+   ``*.unreadable``; none readable is an error unless ``start_over``);
+2. the config against the run directory (:class:`~deep_nmt_tf.run_dir.RunDir`; a changed model
+   or vocabulary is refused before any work), then the trainer, built by its factory (a trainer
+   class is one: it prepares the data and the vocabulary, by default with
+   :func:`deep_nmt_tf.data.prepare_data`, and builds the model and optimizer), then
+   ``config.yaml`` and ``run.json`` of the resolved config;
+3. the checkpoint saver (the store's :class:`~deep_nmt_tf.checkpointing.CheckpointSaver`) and
+   the restore of the resume point, or else warm start (``training.warm_start``); the evaluator
+   (:class:`~deep_nmt_tf.training.evaluation.Evaluator`, when the trainer has the
+   :class:`~deep_nmt_tf.training.interface.DevEvaluation` members);
+4. :meth:`Runner.run`: the loop, and after every step the periodic actions of
+   :meth:`Runner.actions`, a declared list of :class:`~deep_nmt_tf.training.actions.
+   PeriodicAction` run in this order:
 
    * ``log``, every ``training.log_every`` steps: console line (with the ETA) and ``train/``
      scalars; on a terminal also a progress bar redrawn after every step
@@ -23,10 +31,12 @@ runner owns everything around it, in this order:
    * ``eval``, every ``training.eval_every`` steps (0: never): dev loss and BLEU, ``eval/``
      scalars;
    * the caller's hooks, every step: ``hook(trainer, step, logs)`` callables, or
-     :class:`PeriodicAction` s of their own.
+     :class:`~deep_nmt_tf.training.actions.PeriodicAction` s of their own.
 
    The first four also run after the last step.  Time spent in diagnostics, checkpoints and
-   evaluation is left out of ``tokens_per_second``.
+   evaluation is left out of ``tokens_per_second``.  An action (or hook) may ask the run to
+   stop, :meth:`Runner.request_stop` (the experiment suite's time budget): the loop ends after
+   that step and a checkpoint is written there.
 
    Around every step, :mod:`~deep_nmt_tf.training.health`: SIGTERM and Ctrl-C save a
    checkpoint at the current step and raise :class:`~deep_nmt_tf.training.health.
@@ -35,15 +45,15 @@ runner owns everything around it, in this order:
    applied update); an exploding loss is warned about; a lost worker of a multi-worker run
    raises :class:`~deep_nmt_tf.training.health.WorkerLost`.
 
-Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the model
-(with the dropout ``SeedGenerator`` states, so dropout masks continue exactly), the optimizer,
-the trainer's counters ``step``, ``skipped_updates`` and ``data_position`` (micro-batches
-consumed), the gradient transforms' state and, if asked (``checkpoint_iterator``, default
-strategy only), the ``tf.data`` iterator.  On resume the iterator is restored, or else the
-training dataset is rebuilt and its first ``data_position`` micro-batches are read and
-dropped (:meth:`Runner.make_train_iterator`), so the dataset must be deterministic for a given
-``training.seed`` (as the data pipeline is).  A run killed at any point continues from its
-latest checkpoint as if it had not been stopped.
+Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the trainer's
+:meth:`~deep_nmt_tf.training.interface.TrainerInterface.checkpoint_items` (the model, with the
+dropout ``SeedGenerator`` states so that dropout masks continue exactly, the optimizer, the
+counters ``step``, ``skipped_updates`` and ``data_position``, the gradient transforms' state)
+and, if asked (``checkpoint_iterator``, default strategy only), the ``tf.data`` iterator.  On
+resume the iterator is restored, or else the training dataset is rebuilt and its first
+``data_position`` micro-batches are read and dropped (:meth:`Runner.make_train_iterator`), so
+the dataset must be deterministic for a given ``training.seed`` (as the data pipeline is).  A
+run killed at any point continues from its latest checkpoint as if it had not been stopped.
 
 Logs: a console line every ``training.log_every`` steps; TensorBoard scalars under
 ``MODEL_DIR/train`` (loss, nll, perplexity, learning_rate, grad_norm, tokens_per_second,
@@ -54,18 +64,14 @@ and ``grad_norm_hN``, also in the console log; heatmaps ``weights/...`` and gate
 (:class:`~deep_nmt_tf.training.evaluation.DiagnosticsWriter`)) and ``MODEL_DIR/eval`` (loss,
 nll, perplexity, bleu, mean lexical-shortcut gates on the first dev batch).
 
-The runner imports no trainer class: it drives any object with the attributes that
-:class:`~deep_nmt_tf.training.Trainer` has (``config``, ``run_dir``, ``strategy``,
-``is_chief``, ``model``, ``step``, ``data_position``, ``skipped_updates``, ``optimizer``,
-``accumulation_steps``, ``SUM_KEYS``, ``checkpoint_items()``, ``train_step()``,
-``distributed_iterator()`` and the methods :mod:`~deep_nmt_tf.training.evaluation` uses).
+Example:
+    >>> from deep_nmt_tf.config import load_config
+    >>> runner = Runner(load_config("configs/demo.yaml"), "runs/demo")
+    >>> runner.run()                       # {"loss": ..., "eval_bleu": ...}
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging as py_logging
-import math
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -73,158 +79,51 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf import compat
-from deep_nmt_tf.checkpointing import CheckpointSaver, has_object
-from deep_nmt_tf.config import Config, ConfigError
-from deep_nmt_tf.progress import Progress
+from deep_nmt_tf.checkpointing import has_object
+from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
+from deep_nmt_tf.config import Config
+from deep_nmt_tf.progress import LogWindow, Progress
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
+from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics
 from deep_nmt_tf.training import warm_start as warm_start_lib
+from deep_nmt_tf.training.actions import PeriodicAction, TrainHook, hook_action
+from deep_nmt_tf.training.interface import DevEvaluation, TrainerInterface
+from deep_nmt_tf.training.strategy import is_chief
 
-__all__ = ["prepare_run", "PeriodicAction", "Runner", "TrainHook", "quiet_expected_retracing"]
+__all__ = ["PeriodicAction", "Runner", "TrainHook", "TrainerFactory"]
 
-
-class _ExpectedRetracing(py_logging.Filter):
-    """Drops TensorFlow's "triggered tf.function retracing" warnings about the named functions."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def filter(self, record):
-        message = record.getMessage()
-        return not ("triggered tf.function retracing" in message and
-                    any(name in message for name in self.names))
+#: ``factory(config, run_dir, strategy, **options) -> trainer``: a trainer class, or a function
+#: that returns an object with the :class:`~deep_nmt_tf.training.interface.TrainerInterface`.
+TrainerFactory = Callable[..., TrainerInterface]
 
 
-_EXPECTED_RETRACING = _ExpectedRetracing()
+def _check_interface(trainer) -> None:
+    """A ``TypeError`` naming the members of the declared interface a trainer lacks."""
+    if isinstance(trainer, TrainerInterface):
+        return
+    members = [n for n in TrainerInterface.__annotations__] + [
+        "train_step", "checkpoint_items", "distributed_iterator"]
+    missing = [n for n in members if not hasattr(trainer, n)]
+    raise TypeError(f"{type(trainer).__name__} is not a trainer: it lacks "
+                    f"{', '.join(missing)} (deep_nmt_tf.training.interface.TrainerInterface)")
 
 
-def quiet_expected_retracing(*names: str) -> None:
-    """Silences TensorFlow's retracing warnings for functions whose names contain one of
-    ``names`` (``training.static_shapes`` traces its step once per batch shape on purpose)."""
-    _EXPECTED_RETRACING.names.update(names)
-    py_logging.getLogger("tensorflow").addFilter(_EXPECTED_RETRACING)  # Added once at most.
-    logging.info("training.static_shapes: the step is traced once per batch shape (one per "
-                 "length bucket), so the first updates are slower")
-
-#: ``hook(trainer, step, logs)`` called after every update (after logging, checkpointing and
-#: evaluation of that step); ``logs`` holds the step's float metrics.
-TrainHook = Callable[..., None]
-
-
-def prepare_run(config: Config, run_dir: RunDir, prepare: Callable[[Config], Config],
-                write: bool = True) -> Config:
-    """Checks, prepares and records a run's config (step 1 of the module docstring).
-
-    Args:
-      config: the validated config of this run.
-      run_dir: the run directory.
-      prepare: ``config -> resolved config`` (data and vocabulary; fills ``model.vocab_size``).
-      write: whether this process writes ``config.yaml`` (False on non-chief workers).
-
-    Returns:
-      The resolved config.
-
-    Raises:
-      ConfigError: the run directory was trained with another model or vocabulary, or the
-        vocabulary size is still unknown.
-    """
-    run_dir.check_config(config)  # Before any work; again once resolved.
-    config = prepare(config)
-    if config.model.vocab_size <= 0:
-        raise ConfigError(f"{config.source}: model.vocab_size is still 0 after data "
-                          "preparation")
-    run_dir.save_config(config, write=write)
-    return config
-
-
-@dataclasses.dataclass
-class PeriodicAction:
-    """Something the loop does after a step: ``fn(step, logs)`` every ``every`` steps.
-
-    Attributes:
-      name: what it is (for readers and error messages).
-      every: period in steps; 0 or None: never.
-      fn: ``fn(step, logs) -> Optional[dict]``; a returned dict of floats is added to the
-        step's ``logs`` (what later actions and hooks see) and to the run's summary.
-      at_end: also after the last step of :meth:`Runner.run`.
-      exclude_time: leave its time out of the throughput (``tokens_per_second``).
-    """
-
-    name: str
-    every: Optional[int]
-    fn: Callable[[int, Dict[str, float]], Optional[Dict[str, float]]]
-    at_end: bool = True
-    exclude_time: bool = True
-
-    def due(self, step: int, last: int) -> bool:
-        """Whether it runs after ``step`` of a run ending at ``last``."""
-        if not self.every:
-            return False
-        return step % self.every == 0 or (self.at_end and step == last)
-
-
-def _hook_action(trainer, hook: TrainHook) -> PeriodicAction:
-    """A ``hook(trainer, step, logs)`` as an action of every step (its time counts as training
-    time, as it always did)."""
-
-    def call(step, logs):
-        hook(trainer, step, logs)
-
-    return PeriodicAction(getattr(hook, "__name__", "hook"), 1, call, exclude_time=False)
-
-
-class _LogWindow:
-    """Training metrics between two console/TensorBoard logs."""
-
-    def __init__(self, sum_keys: Sequence[str]):
-        self.sum_keys = tuple(sum_keys)
-        self.sums = {k: 0.0 for k in self.sum_keys}
-        self.norm_sum, self.applied, self.skipped = 0.0, 0, 0
-        self.last: Dict[str, float] = {}
-        self.start = time.perf_counter()
-        self.excluded = 0.0
-
-    def exclude(self, seconds: float):
-        """Leaves time spent on other work (checkpoints, evaluation) out of tokens/s."""
-        self.excluded += seconds
-
-    def add(self, logs: Dict[str, float]):
-        for k in self.sum_keys:
-            self.sums[k] += logs[k]
-        if logs["skipped"]:
-            self.skipped += 1
-        else:
-            self.norm_sum += logs["grad_norm"]
-            self.applied += 1
-        self.last = dict(logs)
-
-    def elapsed(self) -> float:
-        """Training time in the window (seconds, other work excluded)."""
-        return max(time.perf_counter() - self.start - self.excluded, 1e-9)
-
-    def tokens_per_second(self) -> float:
-        """Source and target tokens per second of training time in the window."""
-        return (self.sums["num_tokens"] + self.sums["source_tokens"]) / self.elapsed()
-
-    def summary(self) -> Dict[str, float]:
-        """Per-token losses over the window, mean norm of the applied updates, throughput,
-        the current learning rate and the gradient transforms' latest statistics."""
-        elapsed = self.elapsed()
-        tokens = max(self.sums["num_tokens"], 1.0)
-        nll = self.sums["nll_sum"] / tokens
-        out = {k: v for k, v in self.last.items()
-               if k not in self.sum_keys and k not in ("loss", "nll", "skipped")}
-        out.update({
-            "loss": self.sums["loss_sum"] / tokens,
-            "nll": nll,
-            "perplexity": math.exp(min(nll, 100.0)),
-            "grad_norm": self.norm_sum / max(self.applied, 1),
-            "tokens_per_second": self.tokens_per_second(),
-            "target_tokens_per_second": self.sums["num_tokens"] / elapsed,
-        })
-        return out
+def _window_summary(window: LogWindow) -> Dict[str, float]:
+    """Per-token losses over a log window (the task's metrics), mean norm of the applied
+    updates, throughput, the current learning rate and the gradient transforms' latest
+    statistics."""
+    sums = window.sums
+    out = {k: v for k, v in window.last.items()
+           if k not in window.sum_keys and k not in ("loss", "nll", "skipped")}
+    out.update(per_token_metrics(sums["loss_sum"], sums["nll_sum"], sums["num_tokens"]))
+    out.update({
+        "grad_norm": window.mean_grad_norm(),
+        "tokens_per_second": window.tokens_per_second(),
+        "target_tokens_per_second": sums["num_tokens"] / window.elapsed(),
+    })
+    return out
 
 
 @tf.function
@@ -235,56 +134,85 @@ def _advance(iterator, count):
 
 
 class Runner:
-    """Warm start or restore, checkpoints, evaluation and the loop of one trainer.
+    """A training run: builds the trainer, restores or warm-starts it, and runs the loop with
+    its checkpoints, evaluation and logs (module docstring).
 
     Args:
-      trainer: a trainer whose model, optimizer and counters exist (module docstring).
+      config: the validated :class:`~deep_nmt_tf.config.Config`.
+      model_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`).
+      strategy: a ``tf.distribute.Strategy`` (default: the default strategy); see
+        :func:`deep_nmt_tf.training.strategy.make_strategy`.
+      trainer: the trainer factory, ``trainer(config, run_dir, strategy, **trainer_options)``
+        (default :class:`~deep_nmt_tf.training.Trainer`; a subclass swaps a component).
       checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
-        (see :meth:`make_train_iterator`).
-      start_over: train from step 0 when the run directory has checkpoint files of which none
-        can be read (they are kept, renamed ``*.unreadable``); without it that is an error.
+        (:meth:`make_train_iterator`).  Resuming is then instant, but every checkpoint holds
+        the shuffle buffer (demo config: +34 MB and +3 s per checkpoint); the default re-reads
+        the consumed batches on resume instead.
+      start_over: train from step 0 in a run directory whose checkpoint files all fail to read
+        (they are kept, renamed ``*.unreadable``; ``deep-nmt-train --start_over``); otherwise
+        that is an error.
+      **trainer_options: passed to the factory (``gradient_transforms=[...]`` of the
+        :class:`~deep_nmt_tf.training.Trainer`).
 
     Raises:
+      ConfigError: ``model_dir`` was trained with a different model config or vocabulary.
       CheckpointError: checkpoint files, none readable (and not ``start_over``), or
         ``start_over`` with a readable checkpoint.
+      TypeError: the factory's trainer lacks a member of the declared interface.
     """
 
-    def __init__(self, trainer, checkpoint_iterator: bool = False, start_over: bool = False):
-        self.trainer = trainer
-        self.run_dir: RunDir = trainer.run_dir
+    def __init__(self, config: Config, model_dir, strategy: Optional[tf.distribute.Strategy] = None,
+                 trainer: Optional[TrainerFactory] = None, checkpoint_iterator: bool = False,
+                 start_over: bool = False, **trainer_options):
+        if trainer is None:
+            from deep_nmt_tf.training.trainer import Trainer as trainer
+        self.run_dir = RunDir(model_dir)
+        self.model_dir = self.run_dir.path
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.is_chief = is_chief(self.strategy)
         self.checkpoint_iterator = checkpoint_iterator
-        config = trainer.config
+        #: The run directory's checkpoints (both kinds; the loop writes ``ckpt-N``).
+        self.checkpoints = CheckpointStore(self.run_dir)
+        # Which checkpoint to resume from, decided once, before any file is written.
+        self.resume = self.checkpoints.resume_point(TF_CHECKPOINT, start_over)
+        self.run_dir.check_config(config)  # Before any work; again once resolved.
+        self.trainer = trainer(config, self.run_dir, self.strategy, **trainer_options)
+        _check_interface(self.trainer)
+        self.config = self.trainer.config
+        self.run_dir.save_config(self.config, write=self.is_chief)
+        trainer = self.trainer
         self._checkpoint_items = trainer.checkpoint_items()
         self.checkpoint = tf.train.Checkpoint(**self._checkpoint_items)
-        self.saver = CheckpointSaver(self.checkpoint, self.run_dir.path,
-                                     max_to_keep=config.training.keep_checkpoints,
-                                     step_counter=trainer.step, chief=trainer.is_chief)
-        restored = self.saver.restore_latest(start_over, getattr(trainer, "resume", None))
+        t = self.config.training
+        self.saver = self.checkpoints.saver(self.checkpoint, t.keep_checkpoints, trainer.step,
+                                            chief=self.is_chief)
+        restored = self.saver.restore(self.checkpoints.set_aside_skipped(self.resume,
+                                                                         self.is_chief))
         if restored:
             logging.info("Restored %s (step %d, %d updates applied, %d micro-batches consumed)",
                          restored, int(trainer.step.numpy()),
                          int(trainer.optimizer.iterations.numpy()),
                          int(trainer.data_position.numpy()))
-        elif config.training.warm_start.checkpoint:
-            with trainer.strategy.scope():
-                warm_start_lib.warm_start(trainer.model, config)
-        t = config.training
+        elif t.warm_start.checkpoint:
+            with self.strategy.scope():
+                warm_start_lib.warm_start(trainer.model, self.config)
         self.health = health.HealthMonitor(t.max_consecutive_skipped, t.loss_explosion_factor)
         self.health.checkpoint_saved(int(trainer.step.numpy()), restored)
-        self._multi_worker = isinstance(trainer.strategy,
-                                        tf.distribute.MultiWorkerMirroredStrategy)
+        self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
         self._checkpoint_pending = False
-        self.evaluator = evaluation.Evaluator(trainer)
-        self.write_diagnostics = evaluation.DiagnosticsWriter(trainer)
+        dev = isinstance(trainer, DevEvaluation)
+        self.evaluator = evaluation.Evaluator(trainer) if dev else None
+        self.write_diagnostics = evaluation.DiagnosticsWriter(trainer, self.is_chief)
         self._writers: Dict[str, tf.summary.SummaryWriter] = {}
-        self._window: Optional[_LogWindow] = None
+        self._window: Optional[LogWindow] = None
         self._summary: Dict[str, float] = {}
+        self._stop: Optional[str] = None
 
     # -- files -------------------------------------------------------------------------------
     def writer(self, name: str):
         """The TensorBoard writer of ``MODEL_DIR/<name>`` (a no-op writer off the chief)."""
         if name not in self._writers:
-            if self.trainer.is_chief:
+            if self.is_chief:
                 self._writers[name] = tf.summary.create_file_writer(self.run_dir.log_dir(name))
             else:
                 self._writers[name] = tf.summary.create_noop_writer()
@@ -319,8 +247,23 @@ class Runner:
     def evaluate(self, write_summaries: bool = True) -> Dict[str, float]:
         """Dev evaluation at the current step (:class:`~deep_nmt_tf.training.evaluation.
         Evaluator`); written to ``MODEL_DIR/eval`` unless ``write_summaries`` is False."""
+        if self.evaluator is None:
+            return {}
         writer = self.writer(EVAL_LOGS) if write_summaries else None
         return self.evaluator.evaluate(int(self.trainer.step.numpy()), writer)
+
+    def request_stop(self, reason: str) -> None:
+        """Asks the run to stop after the current step (an action's way to end training, e.g.
+        a time budget): the loop ends once the step's actions have run, a checkpoint is written
+        at that step and :meth:`run` returns.  :attr:`stopped` then holds the reason.  Under
+        a multi-worker strategy every worker must ask at the same step (each takes part in the
+        checkpoint)."""
+        self._stop = str(reason)
+
+    @property
+    def stopped(self) -> Optional[str]:
+        """Why the last :meth:`run` stopped early at a request (:meth:`request_stop`), or None."""
+        return self._stop
 
     # -- data ----------------------------------------------------------------------------------
     def make_train_iterator(self):
@@ -371,7 +314,7 @@ class Runner:
     # -- the loop ----------------------------------------------------------------------------
     def actions(self, last: int) -> List[PeriodicAction]:
         """The periodic actions of a run ending at step ``last``, in the order they run."""
-        t = self.trainer.config.training
+        t = self.config.training
         writer = self.writer(TRAIN_LOGS)
 
         def log(step, logs):
@@ -410,20 +353,19 @@ class Runner:
 
     def _log(self, writer, step: int, last: int) -> None:
         window = self._window
-        summary = window.summary()
+        summary = _window_summary(window)
         summary["skipped_updates"] = float(self.trainer.skipped_updates.numpy())
         metrics.write_scalars(writer, step,
                               {**summary, **evaluation.model_diagnostics(self.trainer.model)})
-        logging.info("step %d/%d: loss %.4f (nll %.4f, ppl %.2f), lr %.3e, |g| %.3f, "
-                     "%.0f tok/s%s, ETA %s", step, last, summary["loss"], summary["nll"],
-                     summary["perplexity"], summary["learning_rate"],
-                     summary["grad_norm"], summary["tokens_per_second"],
-                     f", {window.skipped} skipped" if window.skipped else "",
-                     self._progress.eta(step))
+        logging.info("%s", self._progress.log_line(step, [
+            f"loss {summary['loss']:.4f} (nll {summary['nll']:.4f}, ppl "
+            f"{summary['perplexity']:.2f})", f"lr {summary['learning_rate']:.3e}",
+            f"|g| {summary['grad_norm']:.3f}", f"{summary['tokens_per_second']:.0f} tok/s"]
+            + ([f"{window.skipped} skipped"] if window.skipped else [])))
         if step >= last:
             self._progress.close()
         self._summary = summary
-        self._window = _LogWindow(self.trainer.SUM_KEYS)
+        self._window = LogWindow(self.trainer.SUM_KEYS)
         self.health.after_log(step, summary["loss"])
 
     def _step_logs(self, out: Dict[str, tf.Tensor], step: int) -> Dict[str, float]:
@@ -448,24 +390,26 @@ class Runner:
 
         Returns:
           The last logged training metrics (averages over the last ``log_every`` steps) and the
-          last evaluation (``eval_*`` keys); empty if there was nothing to do.
+          last evaluation (``eval_*`` keys); empty if there was nothing to do.  After a stop
+          request (:meth:`request_stop`) :attr:`stopped` says why.
         """
         trainer = self.trainer
-        t = trainer.config.training
+        t = self.config.training
         last = min(t.train_steps, max_steps) if max_steps else t.train_steps
         step = int(trainer.step.numpy())
+        self._stop = None
         if step >= last:
             logging.info("Nothing to do: step %d >= %d", step, last)
             return {}
-        if t.eval_every and trainer.build_eval_dataset() is None:
+        if t.eval_every and (self.evaluator is None or not self.evaluator.has_dev_set()):
             logging.warning("training.eval_every=%d, but there is no dev set (data.dev_source / "
                             "data.dev_target): no dev evaluation will run", t.eval_every)
         iterator = self.make_train_iterator()
         actions = self.actions(last) + [
-            h if isinstance(h, PeriodicAction) else _hook_action(trainer, h) for h in hooks]
-        self._window, self._summary = _LogWindow(trainer.SUM_KEYS), {}
+            h if isinstance(h, PeriodicAction) else hook_action(trainer, h) for h in hooks]
+        self._window, self._summary = LogWindow(trainer.SUM_KEYS), {}
         logging.info("Training from step %d to %d (%d replica(s), %d micro-batch(es) per update)",
-                     step, last, trainer.strategy.num_replicas_in_sync,
+                     step, last, self.strategy.num_replicas_in_sync,
                      trainer.accumulation_steps)
         try:
             with health.StopSignals() as signals:
@@ -474,14 +418,18 @@ class Runner:
                 tf.errors.AbortedError, tf.errors.CancelledError) as e:
             if not self._multi_worker:
                 raise
-            raise health.worker_lost(e, self.saver.latest_checkpoint) from None
+            raise health.worker_lost(e, self.checkpoints.latest(valid=False)) from None
+        if self._stop is not None:
+            path = self.checkpoint_here()
+            logging.info("Stopped at step %d (%s)%s", int(trainer.step.numpy()), self._stop,
+                         f": saved {path}" if path else "")
         return self._summary
 
     def _loop(self, iterator, step: int, last: int, actions: List[PeriodicAction],
               signals: "health.StopSignals") -> None:
         trainer = self.trainer
         writer = self.writer(TRAIN_LOGS)
-        ratio_every = trainer.config.training.grad_norm_ratio_every
+        ratio_every = self.config.training.grad_norm_ratio_every
         stop_variable = getattr(trainer, "stop_requested", None)
         while step < last:
             if signals.requested:
@@ -520,6 +468,9 @@ class Runner:
                     self._summary.update(results)
                 if action.exclude_time:
                     self._window.exclude(time.perf_counter() - start)
+            if self._stop is not None:
+                self._progress.close()
+                return
 
     def _interrupt(self, step: int, signal_name: str) -> None:
         """Saves a checkpoint at ``step`` (unless there is one) and raises

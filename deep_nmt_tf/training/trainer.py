@@ -1,19 +1,23 @@
-"""The training task and its update step (TensorFlow backend, ``tf.distribute``).
+"""The trainer: one update of the custom loop (TensorFlow backend, ``tf.distribute``).
 
-:class:`Trainer` gathers what an update needs, in the manner of a TF Model Garden task:
-:meth:`~Trainer.build_model`, :meth:`~Trainer.build_train_dataset`,
-:meth:`~Trainer.build_eval_dataset`, :meth:`~Trainer.compute_loss`, the optimizer and
-:meth:`~Trainer.train_step`.  Subclass and override a ``build_*`` method (or :meth:`~Trainer.
-prepare`) to swap a component (the tests train a stand-in model that way).  Everything around
-the step (the run directory, data preparation, warm start, restore, checkpoints, evaluation,
-logs and the loop's schedule) is the runner's, :mod:`deep_nmt_tf.training.runner`;
-:meth:`~Trainer.train` runs it.
+:class:`Trainer` implements the runner's declared interface
+(:class:`~deep_nmt_tf.training.interface.TrainerInterface`: :meth:`~Trainer.train_step`,
+:meth:`~Trainer.checkpoint_items`, the counters) and the dev-evaluation one
+(:class:`~deep_nmt_tf.training.interface.DevEvaluation`).  Its model, loss, schedule,
+optimizer settings and weight-decay rule are the task's (:class:`deep_nmt_tf.task.
+TranslationTask`, shared with ``compile``/``fit``); the trainer adds what the custom loop does
+with them: the data (:meth:`~Trainer.prepare`, :meth:`~Trainer.build_train_dataset`,
+:meth:`~Trainer.build_eval_dataset`), distribution, accumulation, gradient transforms and
+mixed precision.  Subclass and override a ``build_*`` method (or :meth:`~Trainer.prepare`) to
+swap a component (the tests train a stand-in model that way).  The runner
+(:mod:`deep_nmt_tf.training.runner`) builds it and owns everything around the step; the
+trainer knows nothing of the runner.
 
 One update (:meth:`~Trainer.train_step`), with ``k = training.gradient_accumulation_steps``
 micro-batches and ``n`` replicas:
 
 1. each replica runs forward and backward on its micro-batch and keeps the gradient of the
-   loss *numerator* (the summed per-token losses, :func:`~deep_nmt_tf.training.losses.
+   loss *numerator* (the summed per-token losses, :func:`~deep_nmt_tf.task.losses.
    cross_entropy_sums`) and the denominators (target tokens, sentences); over the first
    ``k - 1`` micro-batches they are added into replica-local accumulators;
 2. gradients and sums are all-reduced (summed) across replicas, once per update;
@@ -39,6 +43,7 @@ update attempts, skipped ones included; ``data_position`` counts the micro-batch
 from __future__ import annotations
 
 import functools
+import logging as py_logging
 from typing import Dict, List, Optional, Sequence
 
 import keras
@@ -46,17 +51,42 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import model_trackable, resume_checkpoint
+from deep_nmt_tf import compat
+from deep_nmt_tf.checkpointing import model_trackable
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
-from deep_nmt_tf.training import losses, optimizers, precision, schedules
-from deep_nmt_tf.training import runner as runner_lib
+from deep_nmt_tf.task import LossSums, TranslationTask, build_optimizer
+from deep_nmt_tf.training import optimizers, precision
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
-from deep_nmt_tf.training.runner import TrainHook
 from deep_nmt_tf.training.strategy import distributed_iterator, is_chief
 
-__all__ = ["Trainer", "TrainHook"]
+__all__ = ["Trainer"]
+
+
+class _ExpectedRetracing(py_logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warnings about the named functions."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message and
+                    any(name in message for name in self.names))
+
+
+_EXPECTED_RETRACING = _ExpectedRetracing()
+
+
+def _quiet_expected_retracing(*names: str) -> None:
+    """Silences TensorFlow's retracing warnings for functions whose names contain one of
+    ``names`` (``training.static_shapes`` traces its step once per batch shape on purpose)."""
+    _EXPECTED_RETRACING.names.update(names)
+    py_logging.getLogger("tensorflow").addFilter(_EXPECTED_RETRACING)  # Added once at most.
+    logging.info("training.static_shapes: the step is traced once per batch shape (one per "
+                 "length bucket), so the first updates are slower")
 
 
 def _densify(grad, variable):
@@ -70,58 +100,49 @@ def _densify(grad, variable):
 class Trainer:
     """Builds a model, its optimizer and data, and runs one update at a time.
 
-    Construction prepares the run (:func:`~deep_nmt_tf.training.runner.prepare_run`: config
-    check, data and vocabulary, ``config.yaml``), builds the model, optimizer and counters
-    inside the strategy scope, then attaches a :class:`~deep_nmt_tf.training.runner.Runner`
-    (warm start or restore of the latest checkpoint): a trainer of an existing run directory
-    starts where the run stopped.
+    Construction prepares the data (:meth:`prepare`: corpus and vocabulary in the run
+    directory; ``config`` becomes the resolved config) and builds the model, optimizer and
+    counters inside the strategy scope.  The runner (:class:`~deep_nmt_tf.training.runner.
+    Runner`) constructs it (a trainer class is a trainer factory) and restores, warm-starts,
+    checkpoints and drives it.
 
     Args:
       config: the validated :class:`~deep_nmt_tf.config.Config`.
-      model_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`).
+      run_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`), where
+        :meth:`prepare` puts the data and the vocabulary.
       strategy: a ``tf.distribute.Strategy`` (default: the default strategy); see
         :func:`deep_nmt_tf.training.strategy.make_strategy`.
       gradient_transforms: extra :class:`~deep_nmt_tf.training.optimizers.GradientTransform`s,
         run after the ones the config asks for.
-      checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
-        (:meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`).  Resuming is then
-        instant, but every checkpoint holds the shuffle buffer (demo config: +34 MB and +3 s
-        per checkpoint); the default re-reads the consumed batches on resume instead.
-      start_over: train from step 0 in a run directory whose checkpoints all fail to read
-        (``deep-nmt-train --start_over``; otherwise that is an error).
-
-    Raises:
-      ConfigError: ``model_dir`` was trained with a different model config or vocabulary.
-      CheckpointError: ``model_dir`` has checkpoints but none can be read (see ``start_over``).
 
     Example:
-      >>> from deep_nmt_tf.config import load_config
+      >>> from deep_nmt_tf.training import Runner
       >>> cfg = load_config("configs/demo.yaml", overrides=["training.train_steps=100"])
-      >>> Trainer(cfg, "/tmp/demo").train()
+      >>> Runner(cfg, "/tmp/demo").run()        # builds a Trainer and trains it
     """
 
     #: The sums of a step's metrics (added up over a log window, not averaged).
     SUM_KEYS = ("loss_sum", "nll_sum", "num_tokens", "num_sentences", "source_tokens",
                 "h1_grad_sq", "hn_grad_sq")
 
-    def __init__(self, config: Config, model_dir,
+    def __init__(self, config: Config, run_dir,
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 gradient_transforms: Sequence[optimizers.GradientTransform] = (),
-                 checkpoint_iterator: bool = False, start_over: bool = False):
+                 gradient_transforms: Sequence[optimizers.GradientTransform] = ()):
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError("deep_nmt_tf.training needs the TensorFlow Keras backend "
                                f"(KERAS_BACKEND={keras.backend.backend()!r})")
-        self.run_dir = RunDir(model_dir)
+        self.run_dir = RunDir(run_dir)
         self.model_dir = self.run_dir.path
         self.strategy = strategy or tf.distribute.get_strategy()
         self.is_chief = is_chief(self.strategy)
         self.tokenizer = None
-        # Which checkpoint to resume from, decided before any file is written.
-        self.resume = resume_checkpoint(self.run_dir.path, start_over)
-        self.config = runner_lib.prepare_run(config, self.run_dir, self.prepare,
-                                             write=self.is_chief)
+        self.config = self.prepare(config)
+        if self.config.model.vocab_size <= 0:
+            raise ConfigError(f"{self.config.source}: model.vocab_size is still 0 after data "
+                              "preparation")
         t = self.config.training
-        self.accumulation_steps = t.gradient_accumulation_steps
+        self.task = TranslationTask(self.config)
+        self.accumulation_steps = self.task.accumulation_steps
         self._warned_unused = False
         keras.utils.set_random_seed(t.seed)
 
@@ -129,9 +150,10 @@ class Trainer:
             self.model = self.build_model()
             self._trainable_variables = warm_start_lib.trainable_variables(self.model,
                                                                            self.config)
-            self.schedule = schedules.build_schedule(
-                self.config, num_replicas=self.strategy.num_replicas_in_sync)
-            self.optimizer = optimizers.build_optimizer(self.config, self.schedule)
+            self.schedule = self.task.build_schedule(self.strategy.num_replicas_in_sync)
+            compat.check_optimizer_all_reduce_hook()
+            self.optimizer = build_optimizer(self.config, self.schedule,
+                                             optimizer_class=optimizers.ReducedGradientsAdam)
             self.loss_scaling = None
             if precision.uses_loss_scaling(t.precision):
                 self.loss_scaling = precision.LossScaling(self.optimizer)
@@ -147,7 +169,7 @@ class Trainer:
             self.step = tf.Variable(0, name="step", **counter)
             self.skipped_updates = tf.Variable(0, name="skipped_updates", **counter)
             self.data_position = tf.Variable(0, name="data_position", **counter)
-            # Set by the runner at SIGTERM/Ctrl-C; summed with the update (not checkpointed).
+            # Set at SIGTERM/Ctrl-C (by the loop); summed with the update (not checkpointed).
             self.stop_requested = tf.Variable(0.0, name="stop_requested", trainable=False,
                                               aggregation=counter["aggregation"])
             self._grad_accumulators = []
@@ -160,7 +182,7 @@ class Trainer:
                     for v in self.trainable_variables]
                 self._sum_accumulator = tf.Variable(tf.zeros([len(self.SUM_KEYS)]),
                                                     name="sum_accumulator", **local)
-        self._decayed_mask = optimizers.decayed_variable_mask(self.trainable_variables)
+        self._decayed_mask = self.task.decayed_mask(self.trainable_variables)
         if t.grad_norm_ratio_every and not (hasattr(self.model, "encode") and
                                             hasattr(self.model, "decode")):
             raise ConfigError(f"{self.config.source}: training.grad_norm_ratio_every: the model "
@@ -176,12 +198,9 @@ class Trainer:
         # of a function traced once per batch shape (bucket bound), retracing unreported.
         self._per_shape = t.static_shapes
         if self._per_shape:
-            runner_lib.quiet_expected_retracing("Trainer._update_batch",
-                                                "Trainer._accumulate_batch")
+            _quiet_expected_retracing("Trainer._update_batch", "Trainer._accumulate_batch")
         self._accumulate_fn = tf.function(self._accumulate_batch)
         self._update_fn = tf.function(self._update_batch)
-        self.runner = runner_lib.Runner(self, checkpoint_iterator=checkpoint_iterator,
-                                        start_over=start_over)
 
     # ------------------------------------------------------------------------------------
     # Components (override in a subclass to swap one)
@@ -204,9 +223,7 @@ class Trainer:
     def build_model(self) -> keras.Model:
         """The model (built: its variables exist) in the ``training.precision`` dtype policy;
         called inside the strategy scope."""
-        from deep_nmt_tf.models import build_model
-
-        return build_model(self.config, dtype=self.config.training.precision)
+        return self.task.build_model()
 
     def build_train_dataset(self, input_context: Optional[tf.distribute.InputContext]
                             ) -> tf.data.Dataset:
@@ -252,12 +269,11 @@ class Trainer:
     # Loss and gradients
     # ------------------------------------------------------------------------------------
 
-    def compute_loss(self, batch: Dict[str, tf.Tensor], training: bool) -> losses.LossSums:
-        """Forward pass and loss sums of one (per-replica) batch."""
+    def compute_loss(self, batch: Dict[str, tf.Tensor], training: bool) -> LossSums:
+        """Forward pass and loss sums of one (per-replica) batch (the task's loss)."""
         logits = self.model({"source_ids": batch["source_ids"],
                              "target_input_ids": batch["target_input_ids"]}, training=training)
-        return losses.cross_entropy_sums(logits, batch["target_output_ids"],
-                                         self.config.training.label_smoothing)
+        return self.task.loss_sums(logits, batch["target_output_ids"])
 
     def _diagnostic_loss(self, batch):
         """``compute_loss`` (training) through ``encode``/``decode``, also returning the first
@@ -268,8 +284,7 @@ class Trainer:
             raise ValueError("training.grad_norm_ratio_every needs a model whose encode() "
                              "returns 'layer_outputs' (embedding output + one per layer)")
         logits = self.model.decode(encoded, batch["target_input_ids"], training=True)
-        sums = losses.cross_entropy_sums(logits, batch["target_output_ids"],
-                                         self.config.training.label_smoothing)
+        sums = self.task.loss_sums(logits, batch["target_output_ids"])
         return sums, [outputs[1], outputs[-1]]
 
     def _compute_gradients(self, batch, diagnostics=False):
@@ -337,7 +352,7 @@ class Trainer:
         if self.loss_scaling is not None:  # float16: unscale before clipping and the norm
             denominator = denominator * self.loss_scaling.current_scale()
         grads = [g / tf.cast(denominator, g.dtype) for g in grads]
-        grads = optimizers.add_l2_gradients(grads, variables, self.config.training.weight_decay,
+        grads = optimizers.add_l2_gradients(grads, variables, self.task.weight_decay,
                                             self._decayed_mask)
         stats = {"grad_norm": tf.linalg.global_norm(grads)}
         for transform in self.gradient_transforms:
@@ -391,7 +406,8 @@ class Trainer:
         """One update from ``k`` micro-batches of a distributed iterator (see the module doc).
 
         Args:
-          iterator: from :meth:`make_train_iterator`.
+          iterator: from :meth:`distributed_iterator` (the runner positions it: :meth:`~deep_nmt_tf.
+            training.runner.Runner.make_train_iterator`).
           diagnostics: also compute Bapna et al.'s grad-norm ratio
             ``||dL/dh_1|| / ||dL/dh_N||`` (first and top encoder layer outputs, over the
             global batch); the update is the same either way.
@@ -420,31 +436,3 @@ class Trainer:
         """An iterator over the training data distributed by the strategy (one pipeline per
         worker), after dropping the first ``skip`` micro-batches."""
         return distributed_iterator(self.strategy, self.build_train_dataset, skip)
-
-    # ------------------------------------------------------------------------------------
-    # The run (the runner's; kept here for the classic entry points)
-    # ------------------------------------------------------------------------------------
-
-    def make_train_iterator(self):
-        """The training iterator positioned after ``data_position`` (the runner's
-        :meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`)."""
-        return self.runner.make_train_iterator()
-
-    @property
-    def checkpoint_saver(self):
-        """The runner's :class:`~deep_nmt_tf.checkpointing.CheckpointSaver`."""
-        return self.runner.saver
-
-    def save_checkpoint(self) -> Optional[str]:
-        """Writes a checkpoint numbered by the current step (every worker must call it)."""
-        return self.runner.save_checkpoint()
-
-    def evaluate(self, write_summaries: bool = True) -> Dict[str, float]:
-        """Dev loss, NLL, perplexity and (``training.eval_bleu``) greedy BLEU
-        (:class:`~deep_nmt_tf.training.evaluation.Evaluator`); {} without a dev set."""
-        return self.runner.evaluate(write_summaries)
-
-    def train(self, hooks: Sequence[TrainHook] = (), max_steps: Optional[int] = None) -> Dict:
-        """Trains until ``training.train_steps`` (or ``max_steps``) updates
-        (:meth:`~deep_nmt_tf.training.runner.Runner.run`: hooks, return value)."""
-        return self.runner.run(hooks=hooks, max_steps=max_steps)

@@ -42,7 +42,7 @@ from typing import Dict, List, Tuple
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import latest_checkpoint
+from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
 
@@ -94,7 +94,8 @@ def module_weights(module) -> Dict[str, object]:
 def _checkpoint_path(checkpoint: str, source: str) -> str:
     path = checkpoint
     if tf.io.gfile.isdir(checkpoint):
-        path = latest_checkpoint(checkpoint)  # The newest one that can be read.
+        # The newest ckpt-N that can be read (warm start reads variables by name).
+        path = CheckpointStore(checkpoint).latest(kinds=[TF_CHECKPOINT])
     if not path or not tf.io.gfile.exists(path + ".index"):
         raise ConfigError(f"{source}: training.warm_start.checkpoint: no checkpoint at "
                           f"{checkpoint!r}")

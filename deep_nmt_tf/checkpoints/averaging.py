@@ -1,4 +1,6 @@
-"""Checkpoint averaging (Wang et al. 2019 average the last 5 checkpoints).
+"""Checkpoint averaging (Wang et al. 2019 average the last 5 checkpoints), the store's
+:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.average` (checkpoints of either kind: ``ckpt-N``
+or ``fit``'s ``.weights.h5``, each read by its format).
 
 :func:`average_checkpoints` restores each checkpoint's model variables into one model, averages
 the floating-point ones (in float64, cast back) and writes a new run directory
@@ -28,9 +30,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import (checkpoint_files, checkpoint_step, find_checkpoints,
-                                       model_checkpoint, restore_model_weights)
-from deep_nmt_tf.run_dir import RunDir
+from deep_nmt_tf.checkpointing import checkpoint_files, find_checkpoints, model_checkpoint
+from deep_nmt_tf.checkpoints.formats import format_of
+from deep_nmt_tf.run_dir import RunDir, checkpoint_step
 
 __all__ = ["average_checkpoints", "average_model_variables"]
 
@@ -49,7 +51,7 @@ def average_model_variables(model, checkpoints: Sequence[str]) -> None:
     variables = list(model.variables)
     sums: List[Optional[np.ndarray]] = [None] * len(variables)
     for path in checkpoints:
-        restore_model_weights(model, path)
+        format_of(path).restore_model(model, path)
         for i, v in enumerate(variables):
             if _is_float(v):
                 value = np.asarray(v.numpy(), np.float64)
@@ -113,7 +115,7 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
         checkpoints = available[-last:]
     checkpoints = list(checkpoints)
     for path in checkpoints:
-        if not tf.io.gfile.exists(path + ".index"):
+        if not format_of(path).exists(path):
             raise FileNotFoundError(f"{path}: no such checkpoint")
     runs = sorted({os.path.abspath(os.path.dirname(p)) for p in checkpoints})
     if len(runs) > 1:
@@ -128,6 +130,8 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     for old in find_checkpoints(output_dir):  # (only with overwrite: refused above otherwise)
         for name in checkpoint_files(old):
             os.remove(name)
+    for old in target.list_keras_weights():  # (a fit run's weights would seem newer)
+        os.remove(old)
     state = os.path.join(output_dir, "checkpoint")
     if os.path.exists(state):
         os.remove(state)

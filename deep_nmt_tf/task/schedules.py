@@ -12,7 +12,7 @@ the number of updates already applied, so the first update uses ``t = 0``.
   warm-up from ``warmup_init_lr`` to the peak over ``p`` updates, then ``peak * sqrt(p / t)``.
 * :class:`ConstantSchedule`: the peak rate, optionally after a linear warm-up.
 * ``rnmt_plus``: Chen et al. 2018, Eq. 1, with the replica count ``n`` and the floor
-  (:class:`deep_nmt_tf.fit.rnmt_schedule.RNMTPlusSchedule`).
+  (:class:`deep_nmt_tf.task.rnmt_schedule.RNMTPlusSchedule`).
 * :class:`UpdateCountSchedule`: any of them read at ``t // k``, for Keras optimizers with
   ``gradient_accumulation_steps=k`` (they call the schedule with the micro-batch counter).
 
@@ -236,7 +236,7 @@ def _build_constant(options, config, num_replicas):
 
 @register_schedule("rnmt_plus")
 def _build_rnmt_plus(options, config, num_replicas):
-    from deep_nmt_tf.fit.rnmt_schedule import RNMTPlusSchedule
+    from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
 
     return RNMTPlusSchedule.from_options(options, num_replicas)
 

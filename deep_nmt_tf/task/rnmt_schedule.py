@@ -21,7 +21,7 @@ Shape of the curve, read off the closed form:
   exactly at ``n * t = e``.  (A floor below ``base / 2`` lets the decay continue until it
   reaches the floor; one above it starts earlier.)
 
-Registered in :mod:`deep_nmt_tf.fit.schedules` as ``training.schedule.type: rnmt_plus``
+Registered in :mod:`deep_nmt_tf.task.schedules` as ``training.schedule.type: rnmt_plus``
 (options: ``training.schedule.rnmt_plus``).
 
 References:

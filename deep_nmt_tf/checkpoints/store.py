@@ -1,0 +1,241 @@
+"""The checkpoint store of a run directory: one place that lists, chooses, resolves, restores,
+saves and averages its checkpoints (OpenNMT-tf's ``Checkpoint`` shape).
+
+A run directory holds checkpoints of two kinds (:mod:`deep_nmt_tf.checkpoints.formats`):
+``ckpt-N`` of the custom loop and ``ckpt-N.weights.h5`` of ``compile``/``fit``.  The store
+treats them alike:
+
+* :meth:`CheckpointStore.list`: every checkpoint present, oldest first (by step);
+* :meth:`CheckpointStore.latest`: **the** latest checkpoint, the one meaning of it in the
+  package: the newest one that passes its format's integrity check; each newer one that does
+  not is skipped with a WARNING naming its problem (nothing is changed: tools only read);
+* :meth:`CheckpointStore.resolve`: what a ``--checkpoint`` names (nothing: the latest; a run
+  directory: its latest; a checkpoint: itself, checked), so ``--checkpoint=DIR`` works for a
+  run of either route;
+* :meth:`CheckpointStore.restore_model`: the model weights of a resolved checkpoint;
+* :meth:`CheckpointStore.resume_point` / :meth:`CheckpointStore.set_aside_skipped`: where a
+  training run resumes, decided once, before any file is written: the newest valid checkpoint
+  of the route's kind; the damaged newer ones are renamed ``*.unreadable`` (kept) with a
+  WARNING, and none valid among existing files is a :class:`~deep_nmt_tf.run_dir.
+  CheckpointError` unless the run starts over.  The custom loop and ``fit`` both resume this
+  way (``fit`` only from a ``.weights.h5`` that passes the check);
+* :meth:`CheckpointStore.saver` (the custom loop's ``tf.train.CheckpointManager``,
+  :class:`deep_nmt_tf.checkpointing.CheckpointSaver`) and :meth:`CheckpointStore.save`
+  (``fit``'s ``.weights.h5``, rotated to ``training.keep_checkpoints``);
+* :meth:`CheckpointStore.average`: the average of the last checkpoints, written as a new run
+  directory (:mod:`deep_nmt_tf.checkpoints.averaging`).
+
+No TensorFlow at import: a ``fit`` run on JAX lists, checks, resumes and saves its
+``.weights.h5`` through the same store.
+
+Example:
+    >>> store = CheckpointStore("runs/demo")
+    >>> store.latest()                     # 'runs/demo/ckpt-1500'
+    >>> store.restore_model(model, "runs/demo_fit")   # a fit run's newest .weights.h5
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from absl import logging
+
+from deep_nmt_tf.checkpoints.formats import FORMATS, CheckpointFormat, format_of
+from deep_nmt_tf.run_dir import UNREADABLE_SUFFIX, CheckpointError, RunDir, checkpoint_step
+
+__all__ = ["CheckpointStore", "Resume"]
+
+#: ``(path or None, [(skipped path, problem), ...])``: a resume point and what it skipped
+#: (newest first).
+Resume = Tuple[Optional[str], List[Tuple[str, str]]]
+
+
+class CheckpointStore:
+    """The checkpoints of one run directory (module docstring).
+
+    Args:
+      run_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`).
+    """
+
+    def __init__(self, run_dir):
+        self.run_dir = RunDir(run_dir)
+        self.directory = self.run_dir.path
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.directory!r})"
+
+    @classmethod
+    def of(cls, spec: str) -> "CheckpointStore":
+        """The store of the run directory that ``spec`` names (the directory itself, or the
+        one that holds the checkpoint ``spec``)."""
+        spec = os.fspath(spec)
+        if os.path.isdir(spec) or "://" in spec:
+            return cls(spec)
+        return cls(os.path.dirname(spec) or ".")
+
+    @staticmethod
+    def format_of(path: str) -> CheckpointFormat:
+        """The format (strategy) of a checkpoint, from its name."""
+        return format_of(path)
+
+    @staticmethod
+    def _formats(kinds: Optional[Iterable[str]]) -> List[CheckpointFormat]:
+        return [f for f in FORMATS if kinds is None or f.kind in set(kinds)]
+
+    # -- listing and choosing -----------------------------------------------------------------
+    def list(self, kinds: Optional[Sequence[str]] = None) -> List[str]:
+        """Every checkpoint present (of ``kinds``: default both), oldest first
+        (:meth:`deep_nmt_tf.run_dir.RunDir.list_checkpoints`)."""
+        return [p for p in self.run_dir.list_checkpoints()
+                if kinds is None or format_of(p).kind in set(kinds)]
+
+    def _candidates(self, kinds: Optional[Sequence[str]]) -> List[str]:
+        """The checkpoints the formats name (present or not), oldest first (ties: the order of
+        :data:`~deep_nmt_tf.checkpoints.formats.FORMATS`)."""
+        found = []
+        for rank, fmt in enumerate(self._formats(kinds)):
+            found += [(checkpoint_step(p), rank, p) for p in fmt.candidates(self.run_dir)]
+        return [p for _, _, p in sorted(found)]
+
+    def _newest_valid(self, kinds: Optional[Sequence[str]]) -> Resume:
+        skipped = []
+        for path in reversed(self._candidates(kinds)):
+            problem = format_of(path).problem(path)
+            if problem is None:
+                return path, skipped
+            skipped.append((path, problem))
+        return None, skipped
+
+    def latest(self, valid: bool = True, kinds: Optional[Sequence[str]] = None
+               ) -> Optional[str]:
+        """The latest checkpoint (of ``kinds``: default both), or None.
+
+        Args:
+          valid: the newest one that passes its format's integrity check, each newer one that
+            does not skipped with a WARNING naming its problem (the files are left as they
+            are); False: the newest one present, unchecked (an error message's hint).
+          kinds: :data:`~deep_nmt_tf.checkpoints.formats.TF_CHECKPOINT` and/or
+            :data:`~deep_nmt_tf.checkpoints.formats.KERAS_WEIGHTS`.
+        """
+        if not valid:
+            present = self.list(kinds)
+            return present[-1] if present else None
+        path, skipped = self._newest_valid(kinds)
+        for bad, problem in skipped:
+            logging.warning("Skipping checkpoint %s: %s", bad, problem)
+        return path
+
+    def resolve(self, spec: Optional[str] = None) -> str:
+        """The readable checkpoint that ``spec`` names.
+
+        Args:
+          spec: None (this run's :meth:`latest`), a run directory (its latest), a ``ckpt-N``
+            prefix or a ``ckpt-N.weights.h5`` file.
+
+        Raises:
+          FileNotFoundError: no checkpoint there (the message lists the directory's).
+          CheckpointError: the named checkpoint is damaged.
+        """
+        if spec is None:
+            path = self.latest()
+            if path is None:
+                raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            return path
+        spec = os.fspath(spec)
+        if os.path.isdir(spec):
+            return CheckpointStore(spec).resolve()
+        fmt = format_of(spec)
+        if not fmt.exists(spec):
+            store = CheckpointStore.of(spec)
+            known = ", ".join(os.path.basename(p) for p in store.list()) or "none"
+            raise FileNotFoundError(f"{spec}: no such checkpoint ({fmt.main_file(spec)} not "
+                                    f"found; checkpoints in {store.directory}: {known})")
+        problem = fmt.problem(spec)
+        if problem:
+            raise CheckpointError(f"checkpoint {spec} cannot be read: {problem}")
+        return spec
+
+    def restore_model(self, model, spec: Optional[str] = None) -> str:
+        """Loads the model weights of :meth:`resolve`'s checkpoint into a built ``model`` (its
+        format's restore: variables checked first for a ``ckpt-N``); returns the path.
+
+        Raises:
+          FileNotFoundError, CheckpointError: see :meth:`resolve`; CheckpointError or
+            ValueError also for a checkpoint of another model.
+        """
+        path = self.resolve(spec)
+        format_of(path).restore_model(model, path)
+        return path
+
+    # -- resuming -----------------------------------------------------------------------------
+    def resume_point(self, kind: str, start_over: bool = False,
+                     start_over_hint: str = "pass --start_over (Runner(start_over=True)) to "
+                                            "train from step 0") -> Resume:
+        """Where a training run of checkpoint ``kind`` resumes: the newest valid checkpoint of
+        that kind and the newer ones skipped; changes nothing.
+
+        Raises:
+          CheckpointError: checkpoint files of the kind exist but none can be read, and not
+            ``start_over`` (naming each file and its problem); or ``start_over`` although one
+            can be read.
+        """
+        path, skipped = self._newest_valid([kind])
+        if path is not None and start_over:
+            raise CheckpointError(
+                f"{self.directory} has a valid checkpoint, {path}: --start_over only starts "
+                "over in a run directory whose checkpoints cannot be read; resume from it "
+                "(drop --start_over) or use a new --model_dir")
+        if skipped and path is None and not start_over:
+            listing = "; ".join(f"{bad}: {problem}" for bad, problem in skipped)
+            raise CheckpointError(
+                f"{self.directory} has checkpoints but none can be read ({listing}). Nothing "
+                f"was changed. Restore the files, or {start_over_hint} (the unreadable files "
+                f"are kept, renamed *{UNREADABLE_SUFFIX})")
+        return path, skipped
+
+    def set_aside_skipped(self, resume: Resume, chief: bool = True) -> Optional[str]:
+        """Logs the resume point's skipped checkpoints and (``chief``) renames their files
+        ``*.unreadable``; returns the path to resume from (None: step 0)."""
+        path, skipped = resume
+        for bad, problem in skipped:
+            logging.warning("Skipping checkpoint %s: %s", bad, problem)
+            if chief:
+                for moved in format_of(bad).set_aside(bad):
+                    logging.warning("Kept the unreadable file as %s", moved)
+        if skipped and path is not None:
+            logging.warning("Resuming from %s, the newest checkpoint that can be read", path)
+        elif skipped:
+            logging.warning("Starting over from step 0 in %s (--start_over)", self.directory)
+        return path
+
+    # -- writing ------------------------------------------------------------------------------
+    def saver(self, checkpoint, max_to_keep: int, step_counter, chief: bool = True):
+        """The custom loop's writer of ``ckpt-N``: a :class:`deep_nmt_tf.checkpointing.
+        CheckpointSaver` of ``checkpoint`` (a ``tf.train.Checkpoint``) numbered by
+        ``step_counter``, keeping ``max_to_keep``."""
+        from deep_nmt_tf.checkpointing import CheckpointSaver
+
+        return CheckpointSaver(checkpoint, self.directory, max_to_keep=max_to_keep,
+                               step_counter=step_counter, chief=chief)
+
+    def save(self, model, step: int, keep: int) -> str:
+        """``fit``'s checkpoint: ``model.save_weights`` to ``ckpt-<step>.weights.h5`` (model and
+        optimizer weights); the older ``.weights.h5`` beyond the newest ``keep`` are deleted."""
+        os.makedirs(self.directory, exist_ok=True)
+        path = self.run_dir.keras_weights_path(step)
+        model.save_weights(path)
+        for old in self.run_dir.list_keras_weights()[:-max(1, int(keep))]:
+            os.remove(old)
+        return path
+
+    def average(self, output_dir: str, last: int = 5,
+                checkpoints: Optional[Sequence[str]] = None, overwrite: bool = False) -> str:
+        """The average of the ``last`` newest checkpoints (or of ``checkpoints``) written as a
+        new run directory (:func:`deep_nmt_tf.checkpoints.averaging.average_checkpoints`);
+        returns the written checkpoint."""
+        from deep_nmt_tf.checkpoints.averaging import average_checkpoints
+
+        return average_checkpoints(self.directory, output_dir, last=last,
+                                   checkpoints=checkpoints, overwrite=overwrite)
+

@@ -1,0 +1,23 @@
+"""Experiment suites (``deep-nmt-experiment``): a workflow over the library, not part of it.
+
+Several runs on one corpus, each trained, checkpoint-averaged, decoded with beam search and
+scored, with the papers' figures:
+
+* :mod:`.suite`: the suite file's schema (:class:`Suite`, :class:`SuiteRun`,
+  :func:`load_suite`, :func:`find_suite`) and its plan (:func:`planned_runs`);
+* :mod:`.state`: a run's ``experiment.json`` (what is done; every stage resumable);
+* :mod:`.stages`: the stages over the runner and the checkpoint store (:func:`run_one`,
+  :func:`run_suite`);
+* :mod:`.report`: ``results.json``, ``results.md`` and ``figures/``.
+
+Nothing in the core package imports this one (a test checks); scores come from
+:func:`deep_nmt_tf.decoding.scoring.table_scores`.
+"""
+
+from deep_nmt_tf.decoding.scoring import table_scores as score
+from deep_nmt_tf.experiments.stages import RESERVED_KEYS, run_one, run_suite
+from deep_nmt_tf.experiments.suite import (PlannedRun, Suite, SuiteRun, find_suite, load_suite,
+                                           planned_runs)
+
+__all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "PlannedRun", "planned_runs",
+           "run_one", "run_suite", "score", "RESERVED_KEYS"]

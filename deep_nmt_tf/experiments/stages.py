@@ -1,0 +1,320 @@
+"""The stages of an experiment suite over the runner: each run trained, checkpoint-averaged,
+decoded with beam search and scored (``deep-nmt-experiment``), then the suite's report.
+
+Every stage is resumable and skipped when done, so a killed suite continues where it stopped:
+training resumes from the run's last checkpoint (the :class:`~deep_nmt_tf.training.Runner`
+decides where); the average, the length-penalty choice, the translations and the scores are
+recorded in the run's ``experiment.json`` (:class:`~deep_nmt_tf.experiments.state.RunState`).
+A run directory is only resumed for the run it was made for: one trained with another seed, or
+with another recipe (a training or data key that changes what is computed: the keys declared
+``affects_results=False`` in the config schema, :func:`deep_nmt_tf.config.operational_keys`,
+may differ: the train length, logging, checkpointing, evaluation, compilation, data paths), is
+refused with the differing keys, and ``--override=training.seed=N`` is refused for ``--seeds``
+(which names the runs).  ``--max_train_minutes`` is a training action that asks the runner to
+stop (:meth:`~deep_nmt_tf.training.Runner.request_stop`) once the run's clock reaches it.
+
+``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
+translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
+also has the reserved keys ``"training"``: updates, seconds, CPU seconds (of the updates this tool
+ran: ``timed_from_update`` says where its clock started), parameters, seed, precision,
+``hardware`` (CPU name with its family and model numbers, cores, TensorFlow version; machines
+joined by ``"; then "`` when a run resumed on another), and ``budget`` (``minutes``,
+``stopped_at``) for a run stopped by ``--max_train_minutes``; and
+``"decoding"``: the beam, the chosen length penalty, its dev BLEU and ``dev_metric``, ``bleu``
+or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md``
+and ``figures/`` (:mod:`deep_nmt_tf.experiments.report`).
+
+Scores (:func:`deep_nmt_tf.decoding.scoring.table_scores`, the one place that scores): ``bleu``
+is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same lowercased (the number the
+Multi30k literature reports), ``chrf`` sacreBLEU chrF2.
+
+Each run directory is locked while its run works (:mod:`deep_nmt_tf.run_lock`): a second suite,
+or a ``deep-nmt-train``, on the same run is refused naming the process that has it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+
+from deep_nmt_tf import run_lock
+from deep_nmt_tf.config import Config, load_config, operational_keys
+from deep_nmt_tf.decoding.scoring import table_scores
+from deep_nmt_tf.experiments.report import figures, write_results
+from deep_nmt_tf.experiments.state import RunState, read_lines, write_lines
+from deep_nmt_tf.experiments.suite import PlannedRun, Suite, planned_runs
+from deep_nmt_tf.hardware import describe_machine, record_hardware
+
+__all__ = ["RESERVED_KEYS", "run_one", "run_suite"]
+
+#: Keys of a run's entry in results.json that are not test sets.
+RESERVED_KEYS = ("training", "decoding")
+
+
+# --------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------
+
+
+def _check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:
+    """Refuses a run directory trained with another seed (a run named without ``-seedN``, asked
+    for another seed with ``--seeds``): resuming it would label one seed's model as another's.
+    ``saved`` is the run directory's saved config (None for a new run)."""
+    seed = state.data.get("training", {}).get("seed")
+    if seed is None:
+        seed = None if saved is None else saved.training.seed
+    if seed is not None and int(seed) != run.seed:
+        raise ValueError(
+            f"{run_dir} holds {run.name!r} trained with training.seed={seed}, but seed "
+            f"{run.seed} was asked for: give another --output_dir, or several seeds "
+            f"(--seeds={seed},{run.seed} names the runs {run.base}-seed{seed}, "
+            f"{run.base}-seed{run.seed})")
+
+
+#: Keys a run's recipe may change between invocations of the tool: declared
+#: ``affects_results=False`` in the schema (how long it trains, how it is logged, checkpointed,
+#: evaluated and compiled, where its data lies; not what it computes).  (The model section is
+#: compared by the runner itself.)
+_OPERATIONAL_KEYS = frozenset(operational_keys(Config))
+
+
+def _check_recipe(run: PlannedRun, config, saved, run_dir: str) -> None:
+    """Refuses to resume (or re-score) a run directory trained with another recipe: a changed
+    schedule, optimiser, batch, precision or data setting would leave results that no recipe
+    file describes.  ``data.vocab`` (a path) is not compared; the vocabulary's identity is.
+    ``saved`` is the run directory's saved config (None for a new run)."""
+    from deep_nmt_tf.run_dir import config_differences
+
+    if saved is None:
+        return
+    changed = [k for section in ("training", "data")
+               for k in config_differences(saved, config, section) if k not in _OPERATIONAL_KEYS]
+    if changed:
+        raise ValueError(
+            f"{run_dir} holds {run.name!r} trained with another recipe than {run.config}: "
+            f"{', '.join(changed)} differ. Move that run directory aside (or give another "
+            f"--output_dir) to train the new recipe, or restore these keys")
+
+
+def _train(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable,
+           max_train_minutes: Optional[float] = None) -> None:
+    from deep_nmt_tf.run_dir import RunDir
+    from deep_nmt_tf.training import Runner
+
+    saved = RunDir(run_dir).saved_config()
+    _check_seed(run, saved, run_dir, state)
+    _check_recipe(run, config, saved, run_dir)
+    runner = Runner(config, run_dir)
+    trainer = runner.trainer
+    done = int(trainer.step.numpy())
+    target = config.training.train_steps
+    training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
+    # The update this tool first saw the run at: its clock covers only the updates after it (a
+    # run trained, or begun, by deep-nmt-train has no training time here; the table says so).
+    training.setdefault("timed_from_update", done)
+    training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
+                    config=os.path.abspath(run.config), precision=config.training.precision)
+    budget = max_train_minutes * 60.0 if max_train_minutes else None
+    if done >= target or (budget is not None and training["seconds"] >= budget):
+        training["updates"] = done
+        if done < target:  # Stopped by the clock, now or in an earlier invocation.
+            training["budget"] = {"minutes": max_train_minutes, "stopped_at": done}
+        elif "budget" in training and training["budget"]["stopped_at"] != done:
+            del training["budget"]  # Trained on to the target since.
+        state.save()
+        return
+    training.pop("budget", None)
+    record_hardware(training, describe_machine())  # only where it trains, not where re-scored
+    log(f"{run.name}: training from update {done} to {target}"
+        + (f", or until its clock reaches {max_train_minutes:g} minutes (now "
+           f"{training['seconds'] / 60:.1f})" if budget is not None else ""))
+    start = [time.perf_counter(), time.process_time()]
+
+    def account(trainer_, step, logs):  # every step: cheap; persisted at each log step
+        now = [time.perf_counter(), time.process_time()]
+        training["seconds"] += now[0] - start[0]
+        training["cpu_seconds"] += now[1] - start[1]
+        start[:] = now
+        training["updates"] = step
+        if budget is not None and training["seconds"] >= budget and step < target:
+            training["budget"] = {"minutes": max_train_minutes, "stopped_at": step}
+            runner.request_stop(f"{max_train_minutes:g} minutes of training")
+        if step % config.training.log_every == 0 or step == target:
+            state.save()
+
+    runner.run(hooks=[account])
+    if runner.stopped:  # the budget: the runner wrote a checkpoint at the update reached
+        log(f"{run.name}: {max_train_minutes:g} minutes of training reached at update "
+            f"{training['updates']}: stopped there ({runner.checkpoint_here()})")
+    state.save()
+
+
+def _average(run: PlannedRun, run_dir: str, state: RunState) -> str:
+    from deep_nmt_tf.checkpoints import CheckpointStore
+
+    out = os.path.join(run_dir, "averaged")
+    store = CheckpointStore(run_dir)
+    checkpoints = store.list()[-run.average_last:]
+    if state.data.get("averaged") != checkpoints:
+        # ``averaged/`` is this tool's own output, derived from the run's checkpoints: replaced
+        # even when it names checkpoints elsewhere (a run directory copied or moved here).
+        store.average(out, checkpoints=checkpoints, overwrite=True)
+        state.data["averaged"] = checkpoints
+        state.data.pop("decoding", None)  # a new average: decode again
+        state.data.pop("tests", None)
+        state.save()
+    return out
+
+
+def _translate(translator, sentences: Sequence[str], beam: int, alpha: float) -> List[str]:
+    return [h[0].text for h in translator.translate(sentences, beam_size=beam,
+                                                    length_penalty=alpha)]
+
+
+def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
+            tests: Dict[str, Tuple[str, str]], run_dir: str, state: RunState,
+            log: Callable) -> Dict[str, Dict]:
+    from deep_nmt_tf.inference import Translator
+    from deep_nmt_tf.run_dir import RunDir
+
+    translator = None
+    # The dev score that chooses the length penalty: cased BLEU, or lowercased BLEU for a
+    # model trained on lowercased text (it cannot produce case).
+    metric = "bleu_lc" if RunDir(model_dir).load_config().data.lowercase else "bleu"
+    decoding = state.data.get("decoding")
+    same_metric = decoding is not None and decoding.get("metric", "bleu") == metric
+    if not same_metric or decoding.get("candidates") != list(suite.length_penalties):
+        translator = Translator.from_model_dir(model_dir)
+        sources, refs = read_lines(dev[0]), read_lines(dev[1])
+        # Penalties scored before (a grid that grew) are kept, not decoded again.
+        earlier = (decoding.get("tried", {}) if same_metric
+                   and decoding.get("beam_size") == suite.beam_size else {})
+        tried = {}
+        for alpha in suite.length_penalties:
+            if str(alpha) in earlier:
+                tried[str(alpha)] = earlier[str(alpha)]
+                continue
+            tried[str(alpha)] = table_scores(
+                _translate(translator, sources, suite.beam_size, alpha), refs)[metric]
+            log(f"{run.name}: dev {'lowercased ' if metric == 'bleu_lc' else ''}BLEU "
+                f"{tried[str(alpha)]:.2f} at length penalty {alpha}")
+        best = max(suite.length_penalties, key=lambda a: (tried[str(a)], -a))
+        decoding = {"beam_size": suite.beam_size, "length_penalty": best,
+                    "dev_bleu": tried[str(best)], "tried": tried, "metric": metric,
+                    "candidates": list(suite.length_penalties)}
+        state.data["decoding"] = decoding
+        state.data.pop("tests", None)
+        state.save()
+    results = state.data.setdefault("tests", {})
+    for name, (src, ref) in tests.items():
+        if name in results:
+            continue
+        translator = translator or Translator.from_model_dir(model_dir)
+        hyps = _translate(translator, read_lines(src), decoding["beam_size"],
+                          decoding["length_penalty"])
+        write_lines(os.path.join(run_dir, f"{name}.hyp"), hyps)
+        results[name] = table_scores(hyps, read_lines(ref))
+        log(f"{run.name}: {name}: BLEU {results[name]['bleu']:.2f} (lowercased "
+            f"{results[name]['bleu_lc']:.2f}), chrF {results[name]['chrf']:.2f}")
+        state.save()
+    return results
+
+
+def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
+            dev: Tuple[str, str], tests: Dict[str, Tuple[str, str]], output_dir: str,
+            max_steps: Optional[int] = None, overrides: Sequence[str] = (),
+            log: Callable = logging.info, max_train_minutes: Optional[float] = None) -> Dict:
+    """Trains, averages, decodes and scores one run (each stage skipped when done); returns
+    its results.json entry."""
+    run_dir = os.path.join(output_dir, "runs", run.name)
+    os.makedirs(run_dir, exist_ok=True)
+    state = RunState(os.path.join(run_dir, "experiment.json"))
+    extra = [f"training.seed={run.seed}"] + list(overrides)
+    config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra)
+    if max_steps:
+        steps = min(config.training.train_steps, max_steps)
+        config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra +
+                             [f"training.train_steps={steps}"])
+    _train(run, config, run_dir, state, log, max_train_minutes)
+    averaged = _average(run, run_dir, state)
+    results = dict(_decode(run, suite, averaged, dev, tests, run_dir, state, log))
+    out = {name: {k: results[name][k] for k in ("bleu", "bleu_lc", "chrf")}
+           for name in tests}
+    out["training"] = dict(state.data["training"], averaged=len(state.data["averaged"]))
+    out["decoding"] = {k: state.data["decoding"][k]
+                       for k in ("beam_size", "length_penalty", "dev_bleu")}
+    out["decoding"]["dev_metric"] = state.data["decoding"].get("metric", "bleu")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The suite
+# --------------------------------------------------------------------------------------------
+
+
+def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] = (),
+              seeds: Sequence[int] = (), max_steps: Optional[int] = None,
+              extra_tests: Sequence[Tuple[str, str, str]] = (),
+              overrides: Sequence[str] = (), log: Callable = logging.info,
+              max_train_minutes: Optional[float] = None) -> Dict[str, Dict]:
+    """Runs the suite (module docstring); returns and writes ``results.json``.
+
+    Args:
+      suite: from :func:`load_suite`.
+      data_dir: holds ``<split>.<suffix>`` files for the suite's train, dev and test splits.
+      output_dir: where runs, results and figures go (reused: finished stages are skipped).
+      only: run names to do (default all).
+      seeds: seeds instead of the suite's.
+      max_steps: cap on every run's ``training.train_steps`` (smoke tests).
+      extra_tests: ``(name, source, reference)`` test sets scored besides the suite's.
+      overrides: config overrides for every run.
+      max_train_minutes: stop each run's training once its clock (``training.seconds`` in
+        results.json, summed over resumes) reaches this many minutes; the run is then averaged,
+        decoded and scored at the update it reached (``training.budget`` records it).  Run
+        again with a larger budget or none, it trains on towards ``training.train_steps``.
+    """
+    if max_train_minutes is not None and not max_train_minutes > 0:
+        raise ValueError(f"max_train_minutes={max_train_minutes}: must be > 0")
+    def split(name):
+        return tuple(os.path.abspath(os.path.join(data_dir, f"{name}.{suffix}"))
+                     for suffix in (suite.source_suffix, suite.target_suffix))
+
+    for override in overrides:
+        if override.split("=", 1)[0].strip() == "training.seed":
+            raise ValueError(f"--override={override}: the seed of a run is set with --seeds "
+                             "(it names the run and its directory), not with an override")
+    train, dev = split(suite.train), split(suite.dev)
+    tests = {name: split(name) for name in suite.tests}
+    for name, src, ref in extra_tests:
+        if name in tests or name in RESERVED_KEYS:
+            raise ValueError(f"--extra_test: the name {name!r} is taken")
+        tests[name] = (os.path.abspath(src), os.path.abspath(ref))
+    for path in (*train, *dev, *(p for pair in tests.values() for p in pair)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: not found (--data_dir={data_dir}, suite "
+                                    f"{suite.path})")
+    data_overrides = ["data.corpus=files", f"data.train_source={train[0]}",
+                      f"data.train_target={train[1]}", f"data.dev_source={dev[0]}",
+                      f"data.dev_target={dev[1]}", f"data.test_source={tests[suite.tests[0]][0]}"
+                      if suite.tests else "data.test_source=",
+                      f"data.test_target={tests[suite.tests[0]][1]}"
+                      if suite.tests else "data.test_target="]
+    runs = planned_runs(suite, only, seeds)
+    os.makedirs(output_dir, exist_ok=True)
+    results_path = os.path.join(output_dir, "results.json")
+    results: Dict[str, Dict] = {}
+    if os.path.exists(results_path):
+        with open(results_path, encoding="utf-8") as f:
+            results = json.load(f)
+    for run in runs:  # Each run directory has one writer (deep_nmt_tf.run_lock).
+        with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
+            results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
+                                        max_steps, overrides, log, max_train_minutes)
+        write_results(results, results_path, list(tests), output_dir)
+    first_test = next(iter(tests.values()), dev)
+    figures(suite, runs, output_dir, first_test, log)
+    return results

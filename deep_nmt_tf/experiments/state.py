@@ -1,0 +1,41 @@
+"""A run's state in an experiment suite: ``experiment.json``, what is done, written atomically
+after each stage (a killed suite continues where it stopped), and the text files the stages
+read and write."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Sequence
+
+__all__ = ["RunState", "read_lines", "write_lines"]
+
+
+class RunState:
+    """A run's ``experiment.json``: what is done, written atomically after each stage."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.data: Dict = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.data = json.load(f)
+
+    def save(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def read_lines(path: str) -> List[str]:
+    from deep_nmt_tf.data.text_io import read_lines
+
+    return list(read_lines(path))
+
+
+def write_lines(path: str, lines: Sequence[str]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
+    os.replace(tmp, path)

@@ -1,0 +1,142 @@
+"""An experiment suite's file and its plan: the suite schema (:class:`Suite`, :class:`SuiteRun`,
+read and checked by :func:`load_suite`: errors name the file, line and key) and the runs it
+plans (:func:`planned_runs`: one per run and seed).
+
+A suite file (``configs/multi30k/suite.yaml``) names the corpus layout and the runs::
+
+    name: multi30k
+    source_suffix: en            # DATA_DIR/train.en, valid.en, test2016.en ...
+    target_suffix: de
+    train: train
+    dev: valid
+    tests: [test2016]
+    seeds: [1]
+    average_last: 10             # the last 10 checkpoints are averaged
+    length_penalties: [0.6, 1.0, 1.4]   # tried on the dev set; the best decodes the tests
+    grad_norm_ratio_runs: [deep_post, deep_post_transparent]
+    probe_runs: [baseline, lexical_shortcuts]
+    runs:
+      - name: baseline
+        config: baseline.yaml    # relative to the suite file
+      - name: deep_post
+        config: deep_post.yaml
+        seeds: [1, 2]            # two runs: deep_post-seed1, deep_post-seed2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Sequence, Tuple
+
+from deep_nmt_tf.config import ConfigError, field
+from deep_nmt_tf.config.loading import load_section
+
+__all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "PlannedRun", "planned_runs"]
+
+
+@dataclasses.dataclass
+class SuiteRun:
+    """One run of a suite (several with several seeds)."""
+    name: str = field("", "Run name (a directory name: letters, digits, '_', '-', '.').")
+    config: str = field("", "Its config file, relative to the suite file.")
+    seeds: Tuple[int, ...] = field((), "Seeds (default: the suite's); several seeds give "
+                                   "runs NAME-seedN.")
+    average_last: int = field(-1, "Average the last N checkpoints (-1: the suite's; 1: only "
+                              "the last).", min=-1)
+    overrides: Tuple[str, ...] = field((), "Config overrides KEY=VALUE of this run.")
+
+
+@dataclasses.dataclass
+class Suite:
+    """A suite file (module docstring)."""
+    name: str = field("", "Suite name.")
+    description: str = field("", "What the suite compares.")
+    source_suffix: str = field("en", "Source files: DATA_DIR/<split>.<source_suffix>.")
+    target_suffix: str = field("de", "Target files: DATA_DIR/<split>.<target_suffix>.")
+    train: str = field("train", "Training split.")
+    dev: str = field("valid", "Dev split (validation, length-penalty choice).")
+    tests: Tuple[str, ...] = field(("test2016",), "Test splits scored for every run.")
+    seeds: Tuple[int, ...] = field((1,), "Default seeds of the runs.")
+    average_last: int = field(10, "Default number of last checkpoints averaged.", min=1)
+    beam_size: int = field(5, "Beam size of the test translations.", min=1)
+    length_penalties: Tuple[float, ...] = field((0.6,), "Length penalties tried on the dev "
+                                                "set; the best (dev BLEU, lowercased for a "
+                                                "data.lowercase model) decodes the tests.")
+    grad_norm_ratio_runs: Tuple[str, ...] = field((), "Runs whose r_t curves share a figure.")
+    probe_runs: Tuple[str, ...] = field((), "Runs of the embedding-to-layer similarity figure "
+                                        "(Emelin et al. Fig. 6-7).")
+    runs: Tuple[SuiteRun, ...] = field((), "The runs.")
+
+    # Where it was read from (not a key).
+    path: str = dataclasses.field(default="", compare=False, metadata={"internal": True})
+
+
+def load_suite(path: str) -> Suite:
+    """Reads and checks a suite file (errors name file, line and key)."""
+    suite = load_section(Suite, path)
+    suite.path = path
+    names = [r.name for r in suite.runs]
+    for i, run in enumerate(suite.runs):
+        if not run.name or not all(c.isalnum() or c in "_-." for c in run.name):
+            raise ConfigError(f"{path}: runs[{i}].name: {run.name!r} is not a usable name")
+        if not run.config:
+            raise ConfigError(f"{path}: runs[{i}].config: required")
+        if names.count(run.name) > 1:
+            raise ConfigError(f"{path}: runs[{i}].name: {run.name!r} is used twice")
+    for key in ("grad_norm_ratio_runs", "probe_runs"):
+        unknown = [n for n in getattr(suite, key) if n not in names]
+        if unknown:
+            raise ConfigError(f"{path}: {key}: no run named {unknown[0]!r}")
+    return suite
+
+
+def find_suite(name_or_path: str) -> str:
+    """A suite file: the path itself, or ``configs/<name>/suite.yaml`` of the working
+    directory or of the source checkout this package runs from."""
+    if os.path.isfile(name_or_path):
+        return name_or_path
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    candidates = [os.path.join(root, "configs", name_or_path, "suite.yaml")
+                  for root in (os.getcwd(), here)]
+    for path in candidates:
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"--suite={name_or_path}: no such file, and none of "
+                            f"{', '.join(candidates)} exists")
+
+
+@dataclasses.dataclass
+class PlannedRun:
+    """A run to do: its name, config file, seed, overrides and checkpoint average."""
+    name: str
+    base: str
+    config: str
+    seed: int
+    overrides: Tuple[str, ...]
+    average_last: int
+
+
+def planned_runs(suite: Suite, only: Sequence[str] = (),
+                 seeds: Sequence[int] = ()) -> List[PlannedRun]:
+    """The suite's runs (``seeds`` instead of the suite's).  ``only`` keeps those named: a
+    suite run's name (every seed of it) or a planned run's name (``deep_post-seed1``: that
+    seed alone)."""
+    out = []
+    for run in suite.runs:
+        run_seeds = list(seeds or run.seeds or suite.seeds)
+        for seed in run_seeds:
+            name = run.name if len(run_seeds) == 1 else f"{run.name}-seed{seed}"
+            out.append(PlannedRun(name, run.name,
+                                  os.path.join(os.path.dirname(suite.path), run.config), seed,
+                                  tuple(run.overrides),
+                                  run.average_last if run.average_last > 0 else
+                                  suite.average_last))
+    known = {r.name for r in suite.runs} | {p.name for p in out}
+    unknown = [n for n in only if n not in known]
+    if unknown:
+        raise ValueError(f"--only: no run named {unknown[0]!r} in {suite.path} (runs: "
+                         f"{', '.join(p.name for p in out)})")
+    if only:
+        out = [p for p in out if p.name in only or p.base in only]
+    return out
