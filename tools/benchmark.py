@@ -37,6 +37,13 @@ precision, as ``deep-nmt-translate --precision`` does::
 
     deep-nmt-benchmark --mode=decode --config=base --jit_compile [--precision=bfloat16]
 
+Ops per decoder step (``--mode=step_ops``, :func:`step_ops`): the graph ops of one greedy and
+one beam-4 step of the plain-graph search, per decoder layer, for the search's own bookkeeping
+and by category (:mod:`deep_nmt_tf.export.graph_ops`), in ``--precision``; ``--config`` takes
+presets or YAML files, as for training::
+
+    deep-nmt-benchmark --mode=step_ops --config=configs/transformer_base.yaml [--precision=bfloat16]
+
 From Python::
 
     from deep_nmt_tf.tools.benchmark import benchmark_decode
@@ -98,7 +105,7 @@ BATCH, SRC_LEN, TGT_LEN, VOCAB = 64, 32, 32, 8000
 DEFAULT_CONFIGS = ("small", "base", "deep")
 
 define_flags([
-    (flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure."),
+    (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops"], "What to measure."),
     # A string, not a list flag: deep-nmt-train's --config (a string) may share it in-process.
     (flags.DEFINE_string, "config", None, "Presets or YAML files, comma-separated (default: "
                                           f"{','.join(DEFAULT_CONFIGS)})."),
@@ -427,11 +434,24 @@ def _append_json(results):
                 f.write(json.dumps({**r, "machine": r.get("machine", machine)}) + "\n")
 
 
+def step_ops(name: str, precision: str = "float32"):
+    """Ops per greedy and per beam-4 decoder step of a preset or YAML config (random weights,
+    vocabulary 8000): :func:`deep_nmt_tf.export.graph_ops.count_step_ops`."""
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.export.graph_ops import count_step_ops
+    from deep_nmt_tf.models import build_model
+    from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
+
+    path, overrides = _config_overrides(name)
+    model = build_model(load_config(path, overrides), dtype=INFERENCE_POLICIES[precision])
+    return [count_step_ops(model, beam_size=beam) for beam in (1, 4)]
+
+
 def _check_mode_flags():
     """Refuses a flag the chosen ``--mode`` would silently ignore."""
-    if FLAGS.mode == "decode" and FLAGS.override:
-        raise app.UsageError("--override applies to --mode=train only (decoding benchmarks the "
-                             "presets' shapes)")
+    if FLAGS.mode in ("decode", "step_ops") and FLAGS.override:
+        raise app.UsageError(f"--override applies to --mode=train only (--mode={FLAGS.mode} "
+                             "measures the presets' or the files' shapes)")
     if FLAGS.mode == "train" and FLAGS.precision != "float32":
         raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
                              "train in reduced precision with "
@@ -442,6 +462,18 @@ def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _check_mode_flags()
+    if FLAGS.mode == "step_ops":
+        from deep_nmt_tf.export.graph_ops import format_step_ops
+
+        results = []
+        for name in _configs():
+            counts = step_ops(name, FLAGS.precision)
+            print(f"{name}:\n{format_step_ops(counts)}", flush=True)
+            results.append({"config": name, "precision": FLAGS.precision,
+                            "step_ops": [c.to_dict() for c in counts]})
+            print(json.dumps(results[-1]), flush=True)
+        _append_json(results)
+        return
     if FLAGS.mode == "decode":
         results = []
         for name in _configs():

@@ -7,15 +7,26 @@ The search talks to a model only through the three methods of ``docs/DESIGN.md``
     logits, state = model.decode_step(token_ids, step, state)
 
 and relies on one property of the state: every leaf has the batch as dimension 0 and keeps its
-shape from step to step.  Beam search therefore repeats every leaf ``beam_size`` times along
-dim 0 (after running the encoder and ``init_decoder_state`` once per source sentence) and,
-after each step, reorders with a gather along dim 0 the leaves that the decoder declares
-hypothesis-dependent (``model.state_reorder_flags(state)``,
-:meth:`deep_nmt_tf.models.base.Decoder.state_reorder_flags`); the others (encoder-decoder keys
-and values, masks) hold the tiled initial value, identical for all beams of a sentence.  A model
-without ``state_reorder_flags`` has every leaf reordered.
+shape from step to step, except the leaves the decoder declares shared
+(``model.state_reorder_flags(state)``,
+:meth:`deep_nmt_tf.models.base.Decoder.state_reorder_flags`: None), which have no batch
+dimension.  Beam search therefore repeats every other leaf ``beam_size`` times along dim 0
+(after running the encoder and ``init_decoder_state`` once per source sentence) and, after each
+step, reorders with a gather along dim 0 the leaves that the decoder declares
+hypothesis-dependent (True); the others (encoder-decoder keys and values, masks: False) hold
+the tiled initial value, identical for all beams of a sentence.  A model without
+``state_reorder_flags`` has every leaf reordered.
 
-Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, masked buffer writes) and
+The loop is built for a lean step (issue 31, BENCHMARKS.md "Decoder step ops"): only the True
+leaves are loop variables (the others are loop invariants, passed unchanged to every step);
+``decode_step`` runs in a ``keras.StatelessScope`` holding the model's variables, read once
+before the loop, so that a step reads no variable; the token bias is one of two constant
+vectors; the live hypotheses, all of one length, share one length penalty per step; a finished
+hypothesis keeps its final score instead of recomputing it; the ids of a step are written with a
+select on ``positions == step``; the lengths are counted from the ids after the loop.  None of
+this changes a result: the same float operations on the same values.
+
+Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, selects) and
 static shapes, so the same code runs eagerly, inside ``tf.function`` (with or without
 ``jit_compile``), in an exported SavedModel and under ``jax.jit``.
 
@@ -266,9 +277,10 @@ def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b:
     def extend(step, next_step, logp, slot, ids, log_probs, finished, aux, state):
         # An unfinished row has generated `step` tokens, so it reaches its limit when
         # `next_step` does; the lengths are counted from the ids after the loop.
-        next_ids = ops.cast(ops.argmax(logp, axis=-1), "int32")
-        next_ids = ops.where(finished, PAD_ID, next_ids)
-        log_probs = log_probs + ops.where(finished, 0.0, ops.max(logp, axis=-1))
+        # The arg-max and its log-prob in one op (ties: the lowest id, as argmax).
+        best_logp, next_ids = ops.top_k(logp, 1)
+        next_ids = ops.where(finished, PAD_ID, ops.cast(ops.reshape(next_ids, (-1,)), "int32"))
+        log_probs = log_probs + ops.where(finished, 0.0, ops.reshape(best_logp, (-1,)))
         ids = ops.where(slot, ops.expand_dims(next_ids, 1), ids)
         finished = ops.logical_or(finished, _ends(next_ids, next_step, limits))
         return next_ids, ids, log_probs, finished, aux, state

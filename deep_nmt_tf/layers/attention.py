@@ -72,11 +72,10 @@ def write_step(buffer, update, step, axis):
     ``axis``), not a dynamic-update-slice: TensorFlow implements ``keras.ops.slice_update``
     with an XLA-only op, which TF Serving's default configuration (XLA disabled) cannot run,
     while a scatter is a plain TensorFlow op on every backend (XLA and JAX update in place).
-    Without XLA, TensorFlow still copies the buffer once per write, but the scatter replaced a
-    masked add (``buffer + onehot * update``, two full-size passes): in bfloat16 without XLA the
-    writes' op time fell from about 1.0 s to 0.33 s per three greedy searches of
-    Transformer-base, and beam 4 decoded about 8% faster on average, greedy unchanged within
-    the noise (BENCHMARKS.md, "Decoding").
+    Without XLA, TensorFlow copies the buffer first, and the index arithmetic adds about a
+    dozen ops per write: the decoding loop's buffers (the search's ids, the self-attention
+    caches of :meth:`MultiHeadAttention.write_cache`) are written with selects instead
+    (issue 31, BENCHMARKS.md "Decoder step ops").
     """
     shape = ops.shape(buffer)
     lead = 1
@@ -280,9 +279,11 @@ class MultiHeadAttention(keras.layers.Layer):
         v = ops.cast(ops.reshape(v, (-1, h, 1, dh)), cache["v"].dtype)
         return {"k": ops.where(key_mask, k, cache["k"]), "v": ops.where(value_mask, v, cache["v"])}
 
-    def step_query(self, q):
-        """A step's projected query ``[B, D]`` -> scaled per-head ``[B, H, 1, dh]``."""
-        return ops.reshape(self._scale(q), (-1, self.num_heads, 1, self.head_dim))
+    def step_query(self, q, scale=True):
+        """A step's projected query ``[B, D]`` -> per-head ``[B, H, 1, dh]``, scaled by
+        ``dh**-0.5`` unless ``scale=False`` (keys scaled instead, once: the memory's)."""
+        q = self._scale(q) if scale else q
+        return ops.reshape(q, (-1, self.num_heads, 1, self.head_dim))
 
     def attend_step(self, q, k_t, v, bias=None):
         """One query per row: ``q`` ``[B, H, 1, dh]`` (:meth:`step_query`), keys ``k_t``

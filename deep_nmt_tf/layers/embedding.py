@@ -57,11 +57,7 @@ class TokenEmbedding(keras.layers.Layer):
 
     def logits(self, x):
         """``x @ E^T`` in the compute dtype (callers cast the logits to float32 for the
-        softmax); a 2-D ``x`` (a decoding step) as one matmul that reads ``E`` transposed in
-        place."""
-        if len(x.shape) == 2:
-            return ops.einsum("bd,vd->bv", ops.cast(x, self.compute_dtype),
-                              ops.cast(self.embeddings, self.compute_dtype))
+        softmax)."""
         shape = ops.shape(x)
         flat = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.d_model))
         out = ops.matmul(flat, ops.transpose(ops.cast(self.embeddings, self.compute_dtype)))

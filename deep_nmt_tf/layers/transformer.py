@@ -364,10 +364,11 @@ class TransformerDecoderLayer(_TransformerLayerBase):
     def init_cache(self, memory, max_length, memory_shortcut=None):
         """Decoding cache: zero self-attention keys/values
         (:meth:`~deep_nmt_tf.layers.MultiHeadAttention.init_cache`) and the memory's keys
-        (transposed) and values, computed once."""
+        and values, computed once; the keys transposed and scaled by ``dh**-0.5`` (so that no
+        step scales its query)."""
         batch = ops.shape(memory)[0]
         k, v = self.cross_key_value(memory, memory_shortcut)
-        k = ops.transpose(k, (0, 1, 3, 2))
+        k = ops.transpose(self.cross_attention.scale_query(k), (0, 1, 3, 2))
         return {"self": self.self_attention.init_cache(batch, max_length, self.compute_dtype),
                 "cross": {"k": k, "v": v}}
 
@@ -386,7 +387,7 @@ class TransformerDecoderLayer(_TransformerLayerBase):
                                                  training, shortcut, masks)
         x = s.outputs(x, y, training)
         s, att = self.cross_sublayer, self.cross_attention
-        q = att.step_query(dense(s.inputs(x), att.q_kernel, att.q_bias))
+        q = att.step_query(dense(s.inputs(x), att.q_kernel, att.q_bias), scale=False)
         y = att.attend_step(q, cache["cross"]["k"], cache["cross"]["v"], memory_bias)
         x = self._ffn(s.outputs(x, y, training), training)
         return (ops.expand_dims(x, 1) if rank3 else x), {"self": self_cache,

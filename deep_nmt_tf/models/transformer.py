@@ -323,6 +323,7 @@ class TransformerDecoder(_StackBase, Decoder):
         encoder-decoder keys/values are the same for every hypothesis of a sentence; the
         positions and their encodings belong to no row (``None``)."""
         return {"memory_bias": False, "positions": None, "position_table": None,
+                "output_kernel": None,
                 "layers": [{"self": keras.tree.map_structure(lambda _: True, layer["self"]),
                             "cross": keras.tree.map_structure(lambda _: False, layer["cross"])}
                            for layer in state["layers"]]}
@@ -391,8 +392,10 @@ class TransformerDecoder(_StackBase, Decoder):
     def init_state(self, memories, memory_mask, max_length, memory_embeddings=None):
         """Decoder state for incremental decoding: the memory's padding bias and each layer's
         cache (batch first), and what every step reads but no row owns (computed here once, not
-        in each step): ``positions`` (``arange(max_length)``) and ``position_table`` (their
-        sinusoidal encodings, ``[max_length, D]``); :meth:`state_reorder_flags` declares them."""
+        in each step): ``positions`` (``arange(max_length)``), ``position_table`` (their
+        sinusoidal encodings, ``[max_length, D]``) and ``output_kernel`` (the ``[D, V]`` output
+        projection, the tied embedding transposed); :meth:`state_reorder_flags` declares
+        them."""
         memories = self._memories(memories)
         memory_embeddings = self._memory_embeddings(memory_embeddings)
         positions = ops.arange(max_length, dtype="int32")
@@ -402,9 +405,17 @@ class TransformerDecoder(_StackBase, Decoder):
             "position_table": sinusoidal_table(positions, self.d_model,
                                                self.positions.max_wavelength,
                                                self.compute_dtype),
+            "output_kernel": self._output_kernel(),
             "layers": [layer.init_cache(memory, max_length, memory_shortcut=memory_embeddings)
                        for layer, memory in zip(self.layers_, memories)],
         }
+
+    def _output_kernel(self):
+        """The ``[D, V]`` output projection in the compute dtype: with ``tie_softmax`` the
+        embedding transposed, once per search instead of in every step."""
+        kernel = (ops.transpose(self.embedding.embeddings) if self.tie_softmax
+                  else self.softmax_kernel)
+        return ops.cast(kernel, self.compute_dtype)
 
     def step(self, token_ids, step, state):
         """One decoding step: ``token_ids`` ``[B]`` at position ``step`` -> logits ``[B, V]``.
@@ -425,7 +436,10 @@ class TransformerDecoder(_StackBase, Decoder):
                              (1, self.d_model))
         x0 = self.embedding(token_ids) + ops.cast(position, self.compute_dtype)
         top, _ = self.run_layers(x0, run_layer)
-        return self.output_logits(top), {**state, "layers": new_layers}
+        logits = ops.matmul(self.finalize(top), state["output_kernel"])
+        if not self.tie_softmax:
+            logits = logits + ops.cast(self.softmax_bias, logits.dtype)
+        return ops.cast(logits, "float32"), {**state, "layers": new_layers}
 
     def get_config(self):
         config = super().get_config()
