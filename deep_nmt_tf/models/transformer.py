@@ -321,7 +321,7 @@ class TransformerDecoder(_StackBase, Decoder):
     def state_reorder_flags(self, state):
         """The self-attention caches follow their hypothesis; the memory bias and the
         encoder-decoder keys/values are the same for every hypothesis of a sentence; the
-        positions and their encodings belong to no row (``None``)."""
+        positions, their encodings and the output projection belong to no row (``None``)."""
         return {"memory_bias": False, "positions": None, "position_table": None,
                 "output_kernel": None,
                 "layers": [{"self": keras.tree.map_structure(lambda _: True, layer["self"]),
@@ -434,7 +434,7 @@ class TransformerDecoder(_StackBase, Decoder):
 
         position = ops.slice(state["position_table"], (ops.cast(step, "int32"), 0),
                              (1, self.d_model))
-        x0 = self.embedding(token_ids) + ops.cast(position, self.compute_dtype)
+        x0 = self.embedding(token_ids) + position
         top, _ = self.run_layers(x0, run_layer)
         logits = ops.matmul(self.finalize(top), state["output_kernel"])
         if not self.tie_softmax:
