@@ -191,12 +191,12 @@ def _decode_loop(model, state, flags, limits, max_length, min_length, log_probs,
 
     Every row starts from ``BOS``; at each step the model scores the next token
     (``log_softmax`` of ``decode_step``'s logits, ``PAD``/``BOS`` banned, ``EOS`` banned before
-    ``min_length``) and ``extend(step, next_step, logp, slot, ids, log_probs, finished, aux,
+    ``min_length``) and ``extend(next_step, logp, slot, ids, log_probs, finished, aux,
     carried)`` picks the tokens and returns the next ``(tokens, ids, log_probs, finished, aux,
-    carried)`` (``slot``: ``[1, max_length]``, True at ``step``; ``aux``: the search's own
-    per-row values; ``carried``: the state leaves flagged True, in ``keras.tree.flatten``
-    order).  The loop ends after ``max_length`` steps or when every
-    row has finished.
+    carried)`` (``next_step``: the step + 1; ``slot``: ``[1, max_length]``, True at the step;
+    ``aux``: the search's own per-row values; ``carried``: the state leaves flagged True, in
+    ``keras.tree.flatten`` order).  The loop ends after ``max_length`` steps or when every row
+    has finished.
 
     Only the leaves that ``flags`` (:meth:`state_reorder_flags`) marks True are loop
     variables; the others hold their initial value (the module docstring) and are loop
@@ -234,7 +234,7 @@ def _decode_loop(model, state, flags, limits, max_length, min_length, log_probs,
         logp = logp + _token_bias(logits.shape[-1], step, min_length)
         slot = ops.expand_dims(ops.equal(positions, step), 0)
         next_step = step + 1
-        out = extend(step, next_step, logp, slot, ids, log_probs, finished, aux,
+        out = extend(next_step, logp, slot, ids, log_probs, finished, aux,
                      [new_leaves[i] for i in carried])
         return (next_step,) + tuple(out)
 
@@ -274,9 +274,9 @@ def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b:
     source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
                                                      max_length_b, max_length)
 
-    def extend(step, next_step, logp, slot, ids, log_probs, finished, aux, state):
-        # An unfinished row has generated `step` tokens, so it reaches its limit when
-        # `next_step` does; the lengths are counted from the ids after the loop.
+    def extend(next_step, logp, slot, ids, log_probs, finished, aux, state):
+        # An unfinished row has generated as many tokens as steps have run, so it reaches its
+        # limit when `next_step` does; the lengths are counted from the ids after the loop.
         # The arg-max and its log-prob in one op (ties: the lowest id, as argmax).
         best_logp, next_ids = ops.top_k(logp, 1)
         next_ids = ops.where(finished, PAD_ID, ops.cast(ops.reshape(next_ids, (-1,)), "int32"))
@@ -350,11 +350,12 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
     # First row of every sentence's beam block: gather offsets.
     offsets = ops.repeat(ops.arange(batch, dtype="int32") * k, k, axis=0)  # [B*K]
 
-    def extend(step, next_step, logp, slot, ids, log_probs, finished, aux, state):
+    def extend(next_step, logp, slot, ids, log_probs, finished, aux, state):
         (frozen,) = aux
         vocab_size = logp.shape[-1]
-        # Live beams (all of length `step`): every extension, normalised by the new length;
-        # finished beams: one candidate (column 0, always PAD otherwise) with their score.
+        # Live beams (all as long as the steps run): every extension, normalised by the new
+        # length (`next_step`); finished beams: one candidate (column 0, always PAD
+        # otherwise) with their final score.
         cand_logp = ops.expand_dims(ops.where(finished, _MASKED, log_probs), 1) + logp
         fin_score = ops.expand_dims(ops.where(finished, frozen, _MASKED), 1)
         cand_score = ops.where(np.arange(vocab_size) == 0, fin_score,
