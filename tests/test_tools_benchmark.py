@@ -40,3 +40,19 @@ def test_tiny_training_benchmark_reports_its_precision(tmp_path):
     recorded = json.loads(out.read_text().splitlines()[-1])
     assert " cores, TensorFlow " in recorded.pop("machine")  # --output names the machine
     assert recorded == result
+
+
+def test_step_ops_mode_counts_a_config_file(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({"model": TINY["model"]}))
+    out = tmp_path / "results.jsonl"
+    proc = run_tool("benchmark", "--mode=step_ops", f"--config={config}", "--precision=bfloat16",
+                    f"--output={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    greedy, beam = result["step_ops"]
+    assert (greedy["label"], beam["label"]) == ("greedy bfloat16", "beam4 bfloat16")
+    assert 0 < greedy["total"] < beam["total"]
+    assert sum(beam["by_part"].values()) == beam["total"]
+    assert f"| **total** | **{greedy['total']}** | **{beam['total']}** |" in proc.stdout
+    assert json.loads(out.read_text().splitlines()[-1])["step_ops"] == result["step_ops"]

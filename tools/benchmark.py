@@ -26,6 +26,13 @@ process and through an exported SavedModel; XLA with ``--jit_compile``; ``--prec
 
     deep-nmt-benchmark --mode=decode --config=base --jit_compile [--precision=bfloat16]
 
+Ops per decoder step (``--mode=step_ops``, :func:`deep_nmt_tf.benchmark.decoding.step_ops`):
+the graph ops of one greedy and one beam-4 step of the plain-graph search, per decoder layer,
+for the search's own bookkeeping and by category (:mod:`deep_nmt_tf.export.graph_ops`), in
+``--precision``; ``--config`` takes presets or YAML files, as for training::
+
+    deep-nmt-benchmark --mode=step_ops --config=configs/transformer_base.yaml [--precision=bfloat16]
+
 ``--output=FILE`` also appends each result as a JSON line naming the machine.
 """
 
@@ -43,7 +50,8 @@ from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 FLAGS = flags.FLAGS
 
 define_flags([
-    (flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure."),
+    (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops"],
+     "What to measure."),
     # A string, not a list flag: deep-nmt-train's --config (a string) may share it in-process.
     (flags.DEFINE_string, "config", None, "Presets or YAML files, comma-separated (default: "
                                           f"{','.join(DEFAULT_CONFIGS)})."),
@@ -84,9 +92,9 @@ def _append_json(results):
 
 def _check_mode_flags():
     """Refuses a flag the chosen ``--mode`` would silently ignore."""
-    if FLAGS.mode == "decode" and FLAGS.override:
-        raise app.UsageError("--override applies to --mode=train only (decoding benchmarks the "
-                             "presets' shapes)")
+    if FLAGS.mode in ("decode", "step_ops") and FLAGS.override:
+        raise app.UsageError(f"--override applies to --mode=train only (--mode={FLAGS.mode} "
+                             "measures the presets' or the files' shapes)")
     if FLAGS.mode == "train" and FLAGS.precision != "float32":
         raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
                              "train in reduced precision with "
@@ -97,6 +105,19 @@ def main(argv):
     del argv
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _check_mode_flags()
+    if FLAGS.mode == "step_ops":
+        from deep_nmt_tf.benchmark.decoding import step_ops
+        from deep_nmt_tf.export.graph_ops import format_step_ops
+
+        results = []
+        for name in _configs():
+            counts = step_ops(name, FLAGS.precision)
+            print(f"{name}:\n{format_step_ops(counts)}", flush=True)
+            results.append({"config": name, "precision": FLAGS.precision,
+                            "step_ops": [c.to_dict() for c in counts]})
+            print(json.dumps(results[-1]), flush=True)
+        _append_json(results)
+        return
     if FLAGS.mode == "decode":
         from deep_nmt_tf.benchmark.decoding import benchmark_decode, format_results
 

@@ -32,7 +32,7 @@ from typing import Dict, Optional, Sequence
 
 from deep_nmt_tf.benchmark.presets import BASE_OVERRIDES, PRESETS, stacks
 
-__all__ = ["MODES", "benchmark_decode", "format_results"]
+__all__ = ["MODES", "benchmark_decode", "format_results", "step_ops"]
 
 MODES = {"greedy": 1, "beam4": 4}
 
@@ -184,3 +184,17 @@ def format_results(result: Dict[str, object]) -> str:
             lines.append(f"deep_nmt_tf {result['config']} {path}_{mode}{suffix}_tok_per_s "
                          f"{r['tokens_per_second']:.6g} tok/s")
     return "\n".join(lines)
+
+
+def step_ops(name: str, precision: str = "float32"):
+    """Ops per greedy and per beam-4 decoder step of a preset or YAML config (random weights):
+    :func:`deep_nmt_tf.export.graph_ops.count_step_ops`, one :class:`StepOps` per beam (1, 4)."""
+    from deep_nmt_tf.benchmark.presets import config_overrides
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.export.graph_ops import count_step_ops
+    from deep_nmt_tf.models import build_model
+    from deep_nmt_tf.models.seq2seq import INFERENCE_POLICIES
+
+    path, overrides = config_overrides(name)
+    model = build_model(load_config(path, overrides), dtype=INFERENCE_POLICIES[precision])
+    return [count_step_ops(model, beam_size=beam) for beam in (1, 4)]

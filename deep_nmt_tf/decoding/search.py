@@ -7,15 +7,26 @@ The search talks to a model only through the three methods of ``docs/DESIGN.md``
     logits, state = model.decode_step(token_ids, step, state)
 
 and relies on one property of the state: every leaf has the batch as dimension 0 and keeps its
-shape from step to step.  Beam search therefore repeats every leaf ``beam_size`` times along
-dim 0 (after running the encoder and ``init_decoder_state`` once per source sentence) and,
-after each step, reorders with a gather along dim 0 the leaves that the decoder declares
-hypothesis-dependent (``model.state_reorder_flags(state)``,
-:meth:`deep_nmt_tf.models.base.Decoder.state_reorder_flags`); the others (encoder-decoder keys
-and values, masks) hold the tiled initial value, identical for all beams of a sentence.  A model
-without ``state_reorder_flags`` has every leaf reordered.
+shape from step to step, except the leaves the decoder declares shared
+(``model.state_reorder_flags(state)``,
+:meth:`deep_nmt_tf.models.base.Decoder.state_reorder_flags`: None), which have no batch
+dimension.  Beam search therefore repeats every other leaf ``beam_size`` times along dim 0
+(after running the encoder and ``init_decoder_state`` once per source sentence) and, after each
+step, reorders with a gather along dim 0 the leaves that the decoder declares
+hypothesis-dependent (True); the others (encoder-decoder keys and values, masks: False) hold
+the tiled initial value, identical for all beams of a sentence.  A model without
+``state_reorder_flags`` has every leaf reordered.
 
-Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, masked buffer writes) and
+The loop is built for a lean step (issue 31, BENCHMARKS.md "Decoder step ops"): only the True
+leaves are loop variables (the others are loop invariants, passed unchanged to every step);
+``decode_step`` runs in a ``keras.StatelessScope`` holding the model's variables, read once
+before the loop, so that a step reads no variable; the token bias is one of two constant
+vectors; the live hypotheses, all of one length, share one length penalty per step; a finished
+hypothesis keeps its final score instead of recomputing it; the ids of a step are written with a
+select on ``positions == step``; the lengths are counted from the ids after the loop.  None of
+this changes a result: the same float operations on the same values.
+
+Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, selects) and
 static shapes, so the same code runs eagerly, inside ``tf.function`` (with or without
 ``jit_compile``), in an exported SavedModel and under ``jax.jit``.
 
@@ -51,6 +62,7 @@ Example (any backend)::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict, Union
 
 import numpy as np
@@ -58,7 +70,6 @@ import keras
 from keras import ops
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
-from deep_nmt_tf.layers.attention import write_step
 
 __all__ = [
     "gnmt_length_penalty",
@@ -124,13 +135,17 @@ def _is_static_int(x) -> bool:
 
 
 def _token_bias(vocab_size: int, step, min_length):
-    """Additive ``[V]`` log-prob bias: PAD and BOS never, EOS not before ``min_length``."""
-    v = ops.arange(vocab_size, dtype="int32")
-    banned = ops.logical_or(ops.equal(v, PAD_ID), ops.equal(v, BOS_ID))
-    if not (_is_static_int(min_length) and min_length <= 0):
-        too_short = ops.less(ops.cast(step, "int32"), ops.cast(min_length, "int32"))
-        banned = ops.logical_or(banned, ops.logical_and(ops.equal(v, EOS_ID), too_short))
-    return ops.where(banned, _MASKED, 0.0)
+    """Additive ``[V]`` log-prob bias: PAD and BOS never, EOS not before ``min_length``.
+
+    The two possible vectors are constants of the graph; a step selects one (two ops, none
+    when ``min_length`` is a Python int <= 0)."""
+    banned = np.isin(np.arange(vocab_size), [PAD_ID, BOS_ID])
+    after = np.where(banned, _MASKED, 0.0).astype("float32")
+    if _is_static_int(min_length) and min_length <= 0:
+        return after
+    before = np.where(banned | (np.arange(vocab_size) == EOS_ID), _MASKED, 0.0)
+    too_short = ops.less(ops.cast(step, "int32"), ops.cast(min_length, "int32"))
+    return ops.where(too_short, before.astype("float32"), after)
 
 
 def _finalize_ids(ids):
@@ -151,35 +166,81 @@ def _prepare(model, source_ids, max_length_a, max_length_b, max_length):
     return source_ids, max_length, limits, state
 
 
-def _decode_loop(model, state, limits, max_length, min_length, log_probs, extend):
+def _reorder_flags(model, state):
+    """The model's :meth:`state_reorder_flags` (every leaf True without it)."""
+    flags_fn = getattr(model, "state_reorder_flags", None)
+    if flags_fn is None:
+        return keras.tree.map_structure(lambda _: True, state)
+    return flags_fn(state)
+
+
+def _read_variables(model):
+    """``(variable, value)`` of each of the model's variables, read here (before the loop), or
+    None for a model without variables.  The loop body runs ``decode_step`` in a
+    ``keras.StatelessScope`` of them: a step reads no variable (in TensorFlow: no
+    ``ReadVariableOp`` per weight and step; the values are loop invariants)."""
+    variables = list(getattr(model, "variables", None) or [])
+    if keras.backend.backend() == "tensorflow":  # a read (ops.copy), not the variable itself
+        return [(v, ops.copy(v)) for v in variables] or None
+    return [(v, v.value) for v in variables] or None
+
+
+def _decode_loop(model, state, flags, limits, max_length, min_length, log_probs, aux,
+                 extend):
     """The decoding loop both searches run.
 
     Every row starts from ``BOS``; at each step the model scores the next token
     (``log_softmax`` of ``decode_step``'s logits, ``PAD``/``BOS`` banned, ``EOS`` banned before
-    ``min_length``) and ``extend(step, logp, ids, lengths, log_probs, finished, new_state)``
-    picks the tokens and returns the next ``(tokens, ids, lengths, log_probs, finished,
-    state)``.  The loop ends after ``max_length`` steps or when every row has finished.
+    ``min_length``) and ``extend(next_step, logp, slot, ids, log_probs, finished, aux,
+    carried)`` picks the tokens and returns the next ``(tokens, ids, log_probs, finished, aux,
+    carried)`` (``next_step``: the step + 1; ``slot``: ``[1, max_length]``, True at the step;
+    ``aux``: the search's own per-row values; ``carried``: the state leaves flagged True, in
+    ``keras.tree.flatten`` order).  The loop ends after ``max_length`` steps or when every row
+    has finished.
+
+    Only the leaves that ``flags`` (:meth:`state_reorder_flags`) marks True are loop
+    variables; the others hold their initial value (the module docstring) and are loop
+    invariants, whatever the step returns for them.
 
     Returns:
-      ``ids`` ``[rows, max_length]``, ``lengths`` ``[rows]``, ``log_probs`` ``[rows]``.
+      ``ids`` ``[rows, max_length]`` (generated tokens, ``EOS`` included, then ``PAD``),
+      ``lengths`` ``[rows]`` (tokens other than ``PAD``: ``EOS`` included), ``log_probs``
+      ``[rows]``.
     """
     rows = ops.shape(limits)[0]
+    leaves = keras.tree.flatten(state)
+    carried = [i for i, flag in enumerate(keras.tree.flatten(flags)) if flag is True]
+    variables = _read_variables(model)
+    positions = ops.arange(max_length, dtype="int32")
     loop_vars = (ops.convert_to_tensor(0, "int32"), ops.full((rows,), BOS_ID, "int32"),
-                 ops.zeros((rows, max_length), "int32"), ops.zeros((rows,), "int32"),
-                 log_probs, ops.less_equal(limits, 0), state)
+                 ops.zeros((rows, max_length), "int32"), log_probs, ops.less_equal(limits, 0),
+                 tuple(aux), [leaves[i] for i in carried])
 
-    def cond(step, tokens, ids, lengths, log_probs, finished, state):
+    def cond(step, tokens, ids, log_probs, finished, aux, values):
         return ops.logical_and(ops.less(step, max_length),
                                ops.logical_not(ops.all(finished)))
 
-    def body(step, tokens, ids, lengths, log_probs, finished, state):
-        logits, new_state = model.decode_step(tokens, step, state)
+    def body(step, tokens, ids, log_probs, finished, aux, values):
+        current = list(leaves)
+        for i, value in zip(carried, values):
+            current[i] = value
+        current = keras.tree.pack_sequence_as(state, current)
+        scope = (keras.StatelessScope(state_mapping=variables) if variables
+                 else contextlib.nullcontext())
+        with scope:
+            logits, new_state = model.decode_step(tokens, step, current)
+        new_leaves = keras.tree.flatten(new_state)
         logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-        logp = logp + _token_bias(logits.shape[-1], step, min_length)[None, :]
-        return (step + 1,) + tuple(extend(step, logp, ids, lengths, log_probs, finished,
-                                          new_state))
+        logp = logp + _token_bias(logits.shape[-1], step, min_length)
+        slot = ops.expand_dims(ops.equal(positions, step), 0)
+        next_step = step + 1
+        out = extend(next_step, logp, slot, ids, log_probs, finished, aux,
+                     [new_leaves[i] for i in carried])
+        return (next_step,) + tuple(out)
 
-    _, _, ids, lengths, log_probs, _, _ = ops.while_loop(cond, body, loop_vars)
+    out = ops.while_loop(cond, body, loop_vars)
+    ids, log_probs = out[2], out[3]
+    lengths = ops.sum(ops.cast(ops.not_equal(ids, PAD_ID), "int32"), axis=-1)
     return ids, lengths, log_probs
 
 
@@ -213,19 +274,20 @@ def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b:
     source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
                                                      max_length_b, max_length)
 
-    def extend(step, logp, ids, lengths, log_probs, finished, state):
-        next_ids = ops.cast(ops.argmax(logp, axis=-1), "int32")
-        token_logp = ops.take_along_axis(logp, next_ids[:, None], axis=1)[:, 0]
-        next_ids = ops.where(finished, PAD_ID, next_ids)
-        log_probs = log_probs + ops.where(finished, 0.0, token_logp)
-        lengths = lengths + ops.cast(ops.logical_not(finished), "int32")
-        ids = write_step(ids, next_ids[:, None], step, axis=1)
-        finished = ops.logical_or(finished, _ends(next_ids, lengths, limits))
-        return next_ids, ids, lengths, log_probs, finished, state
+    def extend(next_step, logp, slot, ids, log_probs, finished, aux, state):
+        # An unfinished row has generated as many tokens as steps have run, so it reaches its
+        # limit when `next_step` does; the lengths are counted from the ids after the loop.
+        # The arg-max and its log-prob in one op (ties: the lowest id, as argmax).
+        best_logp, next_ids = ops.top_k(logp, 1)
+        next_ids = ops.where(finished, PAD_ID, ops.cast(ops.reshape(next_ids, (-1,)), "int32"))
+        log_probs = log_probs + ops.where(finished, 0.0, ops.reshape(best_logp, (-1,)))
+        ids = ops.where(slot, ops.expand_dims(next_ids, 1), ids)
+        finished = ops.logical_or(finished, _ends(next_ids, next_step, limits))
+        return next_ids, ids, log_probs, finished, aux, state
 
     ids, lengths, log_probs = _decode_loop(
-        model, state, limits, max_length, min_length,
-        ops.zeros((ops.shape(source_ids)[0],), "float32"), extend)
+        model, state, _reorder_flags(model, state), limits, max_length, min_length,
+        ops.zeros((ops.shape(source_ids)[0],), "float32"), (), extend)
     scores = log_probs / gnmt_length_penalty(lengths, length_penalty)
     ids, out_lengths = _finalize_ids(ids)
     return {"ids": ids[:, None, :], "lengths": out_lengths[:, None],
@@ -275,50 +337,48 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
         raise ValueError(f"n_best must be >= 1, got {n_best}")
     batch = ops.shape(source_ids)[0]
     rows = batch * k
-    state = keras.tree.map_structure(lambda x: _tile(x, k), state)
-    flags_fn = getattr(model, "state_reorder_flags", None)
-    reorder = (flags_fn(state) if flags_fn is not None else
-               keras.tree.map_structure(lambda _: True, state))
+    flags = _reorder_flags(model, state)
+    # Leaves flagged None belong to no row: not tiled.
+    state = keras.tree.map_structure(lambda flag, x: x if flag is None else _tile(x, k),
+                                     flags, state)
     limits = _tile(limits, k)
     beam_index = ops.tile(ops.arange(k, dtype="int32"), (batch,))  # [B*K]
     log_probs = ops.cast(ops.where(ops.equal(beam_index, 0), 0.0, _DEAD_BEAM), "float32")
+    # A finished hypothesis keeps its final score ("frozen"): that of the candidate that
+    # finished it, i.e. log_probs / lp(its length), recomputed by nobody.
+    frozen = log_probs / gnmt_length_penalty(ops.zeros((rows,), "int32"), length_penalty)
     # First row of every sentence's beam block: gather offsets.
     offsets = ops.repeat(ops.arange(batch, dtype="int32") * k, k, axis=0)  # [B*K]
 
-    def extend(step, logp, ids, lengths, log_probs, finished, new_state):
+    def extend(next_step, logp, slot, ids, log_probs, finished, aux, state):
+        (frozen,) = aux
         vocab_size = logp.shape[-1]
-        # Live beams: every extension, normalised by the new length.
-        cand_logp = log_probs[:, None] + logp                                   # [BK, V]
-        cand_score = cand_logp / gnmt_length_penalty(lengths + 1, length_penalty)[:, None]
-        # Finished beams: one candidate (column 0) with their final score.
-        first_col = ops.equal(ops.arange(vocab_size, dtype="int32"), 0)[None, :]
-        final_score = log_probs / gnmt_length_penalty(lengths, length_penalty)
-        fin_score = ops.where(first_col, final_score[:, None], _MASKED)
-        done = finished[:, None]
-        cand_score = ops.where(done, fin_score, cand_score)
-        cand_logp = ops.where(done, log_probs[:, None], cand_logp)
+        # Live beams (all as long as the steps run): every extension, normalised by the new
+        # length (`next_step`); finished beams: one candidate (column 0, always PAD
+        # otherwise) with their final score.
+        cand_logp = ops.expand_dims(ops.where(finished, _MASKED, log_probs), 1) + logp
+        fin_score = ops.expand_dims(ops.where(finished, frozen, _MASKED), 1)
+        cand_score = ops.where(np.arange(vocab_size) == 0, fin_score,
+                               cand_logp / gnmt_length_penalty(next_step, length_penalty))
         # Best K of the K * V candidates of each sentence.
-        flat_score = ops.reshape(cand_score, (batch, k * vocab_size))
-        _, top = ops.top_k(flat_score, k)                                       # [B, K]
-        top = ops.cast(top, "int32")
-        flat_logp = ops.reshape(cand_logp, (batch, k * vocab_size))
-        log_probs = ops.reshape(ops.take_along_axis(flat_logp, top, axis=1), (rows,))
-        top = ops.reshape(top, (rows,))
-        origin = top // vocab_size + offsets                                    # [BK]
+        top_score, top = ops.top_k(ops.reshape(cand_score, (batch, k * vocab_size)), k)
+        top = ops.reshape(ops.cast(top, "int32"), (rows,))                      # [BK]
+        origin = top // vocab_size + offsets
         token = top % vocab_size
         was_finished = ops.take(finished, origin, axis=0)
-        lengths = ops.take(lengths, origin, axis=0) + ops.cast(
-            ops.logical_not(was_finished), "int32")
+        log_probs = ops.where(was_finished, ops.take(log_probs, origin, axis=0),
+                              ops.take(ops.reshape(cand_logp, (-1,)),
+                                       top + offsets * vocab_size, axis=0))
+        frozen = ops.where(was_finished, ops.take(frozen, origin, axis=0),
+                           ops.reshape(top_score, (rows,)))
         token = ops.where(was_finished, PAD_ID, token)
-        finished = ops.logical_or(was_finished, _ends(token, lengths, limits))
-        ids = write_step(ops.take(ids, origin, axis=0), token[:, None], step, axis=1)
-        new_state = keras.tree.map_structure(
-            lambda flag, new: ops.take(new, origin, axis=0) if flag else new,
-            reorder, new_state)
-        return token, ids, lengths, log_probs, finished, new_state
+        finished = ops.logical_or(was_finished, _ends(token, next_step, limits))
+        ids = ops.where(slot, ops.expand_dims(token, 1), ops.take(ids, origin, axis=0))
+        state = [ops.take(x, origin, axis=0) for x in state]
+        return token, ids, log_probs, finished, (frozen,), state
 
-    ids, lengths, log_probs = _decode_loop(model, state, limits, max_length, min_length,
-                                           log_probs, extend)
+    ids, lengths, log_probs = _decode_loop(model, state, flags, limits, max_length,
+                                           min_length, log_probs, (frozen,), extend)
 
     # Sort each sentence's beams by final score (already sorted when the loop ran to the end
     # of every hypothesis, but cheap) and keep the n best.

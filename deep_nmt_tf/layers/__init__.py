@@ -14,6 +14,7 @@ from deep_nmt_tf.layers.embedding import (SinusoidalPositionEncoding, TokenEmbed
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.layers.lstm import (BidirectionalLayerNormLSTM, LayerNormLSTM,
                                      LayerNormLSTMCell)
+from deep_nmt_tf.layers.normalization import LayerNorm
 from deep_nmt_tf.layers.transformer import (FeedForward, Residual, TransformerDecoderLayer,
                                             TransformerEncoderLayer)
 from deep_nmt_tf.layers.transparent_attention import TransparentAttention
@@ -27,6 +28,7 @@ __all__ = [
     "TokenEmbedding",
     "sinusoidal_table",
     "FeedForward",
+    "LayerNorm",
     "Residual",
     "TransformerEncoderLayer",
     "TransformerDecoderLayer",

@@ -12,6 +12,7 @@ __all__ = [
     "padding_bias",
     "causal_bias",
     "step_bias",
+    "step_masks",
     "dense",
     "write_step",
     "NEG_INF",
@@ -21,7 +22,11 @@ NEG_INF = -1e9
 
 
 def dense(x, kernel, bias=None):
-    """``x @ kernel + bias`` over the last axis, as one 2-D GEMM (fast on every backend)."""
+    """``x @ kernel + bias`` over the last axis, as one 2-D GEMM (fast on every backend); a
+    2-D ``x`` (a decoding step's ``[B, D]`` rows) needs no reshape."""
+    if len(x.shape) == 2:
+        out = ops.matmul(x, ops.cast(kernel, x.dtype))
+        return out if bias is None else out + ops.cast(bias, x.dtype)
     shape = ops.shape(x)
     in_dim = kernel.shape[0]
     out = ops.matmul(ops.reshape(x, (-1, in_dim)), ops.cast(kernel, x.dtype))
@@ -49,6 +54,19 @@ def step_bias(step, max_length):
     return ops.where(j > ops.cast(step, j.dtype), NEG_INF, 0.0)[None, None, None, :]
 
 
+def step_masks(step, positions):
+    """What one decoding step of every layer shares, computed once per step from ``positions``
+    (``arange(L)`` int32, built once before the loop): the float32 self-attention bias ``[L]``
+    (slots after ``step`` masked, as :func:`step_bias`) and the write masks of the caches of
+    :meth:`MultiHeadAttention.init_cache`, True at slot ``step``: ``[L]`` for the keys
+    ``[B, H, dh, L]``, ``[L, 1]`` for the values ``[B, H, L, dh]``.
+    """
+    step = ops.cast(step, positions.dtype)
+    bias = ops.where(ops.greater(positions, step), NEG_INF, 0.0)
+    key_mask = ops.equal(positions, step)
+    return bias, (key_mask, ops.expand_dims(key_mask, 1))
+
+
 def write_step(buffer, update, step, axis):
     """Returns ``buffer`` with ``update`` (size 1 along ``axis``) written at index ``step``.
 
@@ -56,11 +74,10 @@ def write_step(buffer, update, step, axis):
     ``axis``), not a dynamic-update-slice: TensorFlow implements ``keras.ops.slice_update``
     with an XLA-only op, which TF Serving's default configuration (XLA disabled) cannot run,
     while a scatter is a plain TensorFlow op on every backend (XLA and JAX update in place).
-    Without XLA, TensorFlow still copies the buffer once per write, but the scatter replaced a
-    masked add (``buffer + onehot * update``, two full-size passes): in bfloat16 without XLA the
-    writes' op time fell from about 1.0 s to 0.33 s per three greedy searches of
-    Transformer-base, and beam 4 decoded about 8% faster on average, greedy unchanged within
-    the noise (BENCHMARKS.md, "Decoding").
+    Without XLA, TensorFlow copies the buffer first, and the index arithmetic adds about a
+    dozen ops per write: the decoding loop's buffers (the search's ids, the self-attention
+    caches of :meth:`MultiHeadAttention.write_cache`) are written with selects instead
+    (issue 31, BENCHMARKS.md "Decoder step ops").
     """
     shape = ops.shape(buffer)
     lead = 1
@@ -244,33 +261,73 @@ class MultiHeadAttention(keras.layers.Layer):
         return self.attend(q, k, v, bias, training)
 
     # -- incremental decoding ------------------------------------------------------------
+    # One decoding step works on ``[B, D]`` rows (a ``[B, 1, D]`` input is reshaped): the
+    # projections need no reshape, heads are split and merged by reshapes alone (one position:
+    # no transpose), and the caches are laid out so that both products are plain matmuls.
     def init_cache(self, batch_size, max_length, dtype=None):
-        """Zero self-attention cache ``{"k", "v"}``, each ``[B, H, max_length, dh]``."""
-        shape = (batch_size, self.num_heads, max_length, self.head_dim)
+        """Zero self-attention cache: keys ``"k"`` ``[B, H, dh, L]`` (stored transposed, so
+        that the step's query-key product needs no transpose) and values ``"v"``
+        ``[B, H, L, dh]``."""
+        h, dh = self.num_heads, self.head_dim
         dtype = dtype or self.compute_dtype
-        return {"k": ops.zeros(shape, dtype), "v": ops.zeros(shape, dtype)}
+        return {"k": ops.zeros((batch_size, h, dh, max_length), dtype),
+                "v": ops.zeros((batch_size, h, max_length, dh), dtype)}
 
-    @staticmethod
-    def write_cache(cache, k, v, step):
-        """Writes one step's ``[B, H, 1, dh]`` keys/values at position ``step``."""
-        return {"k": write_step(cache["k"], k, step, axis=2),
-                "v": write_step(cache["v"], v, step, axis=2)}
+    def write_cache(self, cache, k, v, step, masks=None):
+        """Writes one position's keys/values (``[B, D]``) at slot ``step`` of
+        :meth:`init_cache`'s cache.
 
-    def step(self, x, cache, step, bias, training=None):
+        A select (``where``) with the write masks of :func:`step_masks` (computed from
+        ``step`` unless given): one elementwise pass over each buffer, no index arithmetic,
+        and on the plain TensorFlow graph much cheaper than a ``TensorScatterUpdate``, which
+        copies the buffer first and then scatters (BENCHMARKS.md, "Decoder step ops").
+        """
+        if masks is None:
+            masks = step_masks(step, ops.arange(ops.shape(cache["v"])[2], dtype="int32"))[1]
+        key_mask, value_mask = masks
+        h, dh = self.num_heads, self.head_dim
+        k = ops.cast(ops.reshape(k, (-1, h, dh, 1)), cache["k"].dtype)
+        v = ops.cast(ops.reshape(v, (-1, h, 1, dh)), cache["v"].dtype)
+        return {"k": ops.where(key_mask, k, cache["k"]), "v": ops.where(value_mask, v, cache["v"])}
+
+    def step_query(self, q, scale=True):
+        """A step's projected query ``[B, D]`` -> per-head ``[B, H, 1, dh]``, scaled by
+        ``dh**-0.5`` unless ``scale=False`` (keys scaled instead, once: the memory's)."""
+        q = self._scale(q) if scale else q
+        return ops.reshape(q, (-1, self.num_heads, 1, self.head_dim))
+
+    def attend_step(self, q, k_t, v, bias=None):
+        """One query per row: ``q`` ``[B, H, 1, dh]`` (:meth:`step_query`), keys ``k_t``
+        ``[B, H, dh, S]`` (transposed), values ``[B, H, S, dh]``, additive float32 ``bias``
+        broadcastable to ``[B, H, 1, S]`` -> output projection ``[B, D]``."""
+        scores = ops.cast(ops.matmul(q, k_t), "float32")
+        if bias is not None:
+            scores = scores + ops.cast(bias, "float32")
+        probs = ops.cast(ops.softmax(scores, axis=-1), q.dtype)
+        context = ops.reshape(ops.matmul(probs, v), (-1, self.d_model))
+        return dense(context, self.output_kernel, self.output_bias)
+
+    def step(self, x, cache, step, bias, training=None, masks=None):
         """One self-attention decoding step.
 
         Args:
-          x: ``[B, 1, D]`` input at position ``step``.
-          cache: ``{"k", "v"}`` ``[B, H, L, dh]`` holding positions < step.
+          x: ``[B, D]`` (or ``[B, 1, D]``) input at position ``step``.
+          cache: :meth:`init_cache`'s ``{"k", "v"}`` holding positions < step.
           step: scalar int position.
-          bias: ``step_bias(step, L)``.
+          bias: additive bias masking the slots after ``step`` (:func:`step_bias`, or the
+            first result of :func:`step_masks`).
+          masks: the write masks of :func:`step_masks` (default: computed from ``step``).
 
         Returns:
-          (output ``[B, 1, D]``, updated cache).
+          (output of ``x``'s shape, updated cache).
         """
-        q, k, v = self.project_qkv(x)
-        cache = self.write_cache(cache, k, v, step)
-        return self.attend(q, cache["k"], cache["v"], bias, training), cache
+        del training  # no dropout at inference
+        x2 = ops.cast(x, self.compute_dtype)
+        x2 = ops.reshape(x2, (-1, self.d_model)) if len(x.shape) == 3 else x2
+        q, k, v = ops.split(dense(x2, self.qkv_kernel, self.qkv_bias), 3, axis=-1)
+        cache = self.write_cache(cache, k, v, step, masks)
+        y = self.attend_step(self.step_query(q), cache["k"], cache["v"], bias)
+        return (ops.expand_dims(y, 1) if len(x.shape) == 3 else y), cache
 
     def get_config(self):
         config = super().get_config()

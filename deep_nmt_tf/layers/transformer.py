@@ -8,6 +8,7 @@ from keras import ops
 from deep_nmt_tf.layers.attention import MultiHeadAttention, dense
 from deep_nmt_tf.layers.deep_residual import BlockScaled
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
+from deep_nmt_tf.layers.normalization import LayerNorm
 
 __all__ = ["FeedForward", "Residual", "TransformerEncoderLayer", "TransformerDecoderLayer"]
 
@@ -91,8 +92,7 @@ class Residual(keras.layers.Layer):
         self.pre = norm == "pre"
         if self.pre and (self.scale != 1.0 or self.learnable_scale):
             raise ValueError("a residual scale (DeepNorm, Admin) needs norm='post'")
-        self.norm_layer = keras.layers.LayerNormalization(
-            epsilon=self.epsilon, dtype=self.dtype_policy, name="norm")
+        self.norm_layer = LayerNorm(epsilon=self.epsilon, dtype=self.dtype_policy, name="norm")
         self.dropout = keras.layers.Dropout(self.residual_dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape):
@@ -334,7 +334,9 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         s = self.cross_sublayer
         q = self.cross_attention.project_query(s.inputs(x))
         y = self.cross_attention.attend(q, cross_k, cross_v, memory_bias, training)
-        x = s.outputs(x, y, training)
+        return self._ffn(s.outputs(x, y, training), training)
+
+    def _ffn(self, x, training):
         s = self.ffn_sublayer
         return s.outputs(x, self.ffn(s.inputs(x), training=training), training)
 
@@ -368,21 +370,23 @@ class TransformerDecoderLayer(_TransformerLayerBase):
                                                   shortcut, self_bias, training)
         return (y, gates) if return_gates else y
 
-    def self_attention_step(self, x, cache, step, self_bias, training=None, shortcut=None):
-        """Self-attention sub-layer for one decoding step; returns (y, new self cache).
+    def self_attention_step(self, x, cache, step, self_bias, training=None, shortcut=None,
+                            masks=None):
+        """Self-attention sub-layer for one decoding step (``x`` ``[B, D]``); returns (y, new
+        self cache).
 
         With a lexical shortcut the cache receives the *gated* keys/values of position
-        ``step``; ``shortcut`` is the shortcut source at that position only.
+        ``step``; ``shortcut`` is the shortcut source at that position only.  ``masks``: the
+        cache write masks of :func:`~deep_nmt_tf.layers.attention.step_masks`.
         """
         if self.self_shortcut is None:
-            return self.self_attention.step(x, cache, step, self_bias, training)
+            return self.self_attention.step(x, cache, step, self_bias, training, masks=masks)
         self._require(shortcut, "self-attention")
         att = self.self_attention
         q, k, v = att.project_qkv_raw(x)
         k, v = self.self_shortcut(shortcut, x, k, v)
-        cache = att.write_cache(cache, att.split_heads(k), att.split_heads(v), step)
-        q = att.scale_query(att.split_heads(q))
-        return att.attend(q, cache["k"], cache["v"], self_bias, training), cache
+        cache = att.write_cache(cache, k, v, step, masks)
+        return att.attend_step(att.step_query(q), cache["k"], cache["v"], self_bias), cache
 
     def call(self, x, memory, self_bias=None, memory_bias=None, training=None, shortcut=None,
              memory_shortcut=None, return_gates=False):
@@ -402,20 +406,36 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         return x
 
     def init_cache(self, memory, max_length, memory_shortcut=None):
-        """Decoding cache: zero self-attention keys/values and the memory's keys/values."""
+        """Decoding cache: zero self-attention keys/values
+        (:meth:`~deep_nmt_tf.layers.MultiHeadAttention.init_cache`) and the memory's keys
+        and values, computed once; the keys transposed and scaled by ``dh**-0.5`` (so that no
+        step scales its query)."""
         batch = ops.shape(memory)[0]
         k, v = self.cross_key_value(memory, memory_shortcut)
+        k = ops.transpose(self.cross_attention.scale_query(k), (0, 1, 3, 2))
         return {"self": self.self_attention.init_cache(batch, max_length, self.compute_dtype),
                 "cross": {"k": k, "v": v}}
 
-    def step(self, x, cache, step, self_bias, memory_bias=None, training=None, shortcut=None):
+    def step(self, x, cache, step, self_bias, memory_bias=None, training=None, shortcut=None,
+             masks=None):
+        """One position: ``x`` ``[B, D]`` (or ``[B, 1, D]``, the result has ``x``'s shape);
+        ``masks`` as :meth:`self_attention_step` (default: computed from ``step``)."""
+        rank3 = len(x.shape) == 3
+        x = ops.cast(x, self.compute_dtype)
+        if rank3:
+            x = ops.reshape(x, (-1, self.d_model))
+            if shortcut is not None:
+                shortcut = ops.reshape(shortcut, (-1, self.d_model))
         s = self.self_sublayer
         y, self_cache = self.self_attention_step(s.inputs(x), cache["self"], step, self_bias,
-                                                 training, shortcut)
+                                                 training, shortcut, masks)
         x = s.outputs(x, y, training)
-        x = self._cross_and_ffn(x, cache["cross"]["k"], cache["cross"]["v"], memory_bias,
-                                training)
-        return x, {"self": self_cache, "cross": cache["cross"]}
+        s, att = self.cross_sublayer, self.cross_attention
+        q = att.step_query(dense(s.inputs(x), att.q_kernel, att.q_bias), scale=False)
+        y = att.attend_step(q, cache["cross"]["k"], cache["cross"]["v"], memory_bias)
+        x = self._ffn(s.outputs(x, y, training), training)
+        return (ops.expand_dims(x, 1) if rank3 else x), {"self": self_cache,
+                                                         "cross": cache["cross"]}
 
     def get_config(self):
         config = super().get_config()

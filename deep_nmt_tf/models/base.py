@@ -122,8 +122,9 @@ class Decoder(keras.layers.Layer):
       encoder-decoder attention (:attr:`num_attention_modules`).  ``memory_embeddings``: the
       encoder's ``layer_outputs[0]``, passed only when :attr:`uses_memory_embeddings`.
     - ``init_state(memories, memory_mask, max_length, memory_embeddings=None)`` -> state: a
-      nest (dicts/lists) of tensors, each with the batch as dimension 0 and a static shape that
-      ``step`` keeps (caches are pre-allocated to ``max_length`` positions).
+      nest (dicts/lists) of tensors, each with the batch as dimension 0 (except those
+      :meth:`state_reorder_flags` marks ``None``) and a static shape that ``step`` keeps
+      (caches are pre-allocated to ``max_length`` positions).
     - ``step(token_ids, step, state)`` with ``token_ids`` ``[B]`` at position ``step`` (int32
       scalar) -> (float32 logits ``[B, V]``, new state of the same structure).
     - :meth:`state_reorder_flags`: which state leaves beam search must reorder when it
@@ -155,10 +156,13 @@ class Decoder(keras.layers.Layer):
         return False
 
     def state_reorder_flags(self, state) -> Any:
-        """A nest like ``state`` of Python bools: True for the leaves that depend on the
-        hypothesis (beam search gathers them after each step), False for those that are the
-        same for every hypothesis of a sentence (memory keys, masks: tiled once, never
-        reordered).  Default: every leaf."""
+        """A nest like ``state`` of Python bools or None: True for the leaves that depend on
+        the hypothesis (the search's loop carries them; beam search gathers them after each
+        step), False for those that are the same for every hypothesis of a sentence (memory
+        keys, masks: tiled once, never reordered), None for those that belong to no row and
+        have no batch dimension (tables every step reads: never tiled).  False and None leaves
+        must keep their initial value: the search passes them to every step as loop
+        invariants and ignores what ``step`` returns for them.  Default: every leaf True."""
         return keras.tree.map_structure(lambda _: True, state)
 
     def diagnostic_weights(self) -> Dict[str, Any]:

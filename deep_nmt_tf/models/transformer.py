@@ -27,10 +27,11 @@ import keras
 from keras import ops
 
 from deep_nmt_tf.constants import PAD_ID
-from deep_nmt_tf.layers.attention import causal_bias, dense, padding_bias, step_bias
+from deep_nmt_tf.layers.attention import causal_bias, dense, padding_bias, step_masks
 from deep_nmt_tf.layers.deep_residual import resolve_deep_residual
 from deep_nmt_tf.layers.dlcl import DynamicLinearCombination
-from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding
+from deep_nmt_tf.layers.embedding import SinusoidalPositionEncoding, sinusoidal_table
+from deep_nmt_tf.layers.normalization import LayerNorm
 from deep_nmt_tf.layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 from deep_nmt_tf.models.base import Decoder, Encoder, register_decoder, register_encoder
 
@@ -84,8 +85,8 @@ class _StackBase(keras.layers.Layer):
                                                         dtype=self.dtype_policy)
         self.final_norm = None
         if norm == "pre":
-            self.final_norm = keras.layers.LayerNormalization(
-                epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="final_norm")
+            self.final_norm = LayerNorm(epsilon=self.layer_norm_epsilon,
+                                        dtype=self.dtype_policy, name="final_norm")
         self.residual_scaling = dict(residual_scaling) if residual_scaling else None
         if self.residual_scaling is not None:
             unknown = set(self.residual_scaling) - {"residual_scale", "learnable_residual_scale",
@@ -342,9 +343,11 @@ class TransformerDecoder(_StackBase, Decoder):
         return self.cross_shortcuts is not None
 
     def state_reorder_flags(self, state):
-        """The self-attention caches follow their hypothesis; the memory mask and the
-        encoder-decoder keys/values are the same for every hypothesis of a sentence."""
-        return {"memory_mask": False,
+        """The self-attention caches follow their hypothesis; the memory bias and the
+        encoder-decoder keys/values are the same for every hypothesis of a sentence; the
+        positions, their encodings and the output projection belong to no row (``None``)."""
+        return {"memory_bias": False, "positions": None, "position_table": None,
+                "output_kernel": None,
                 "layers": [{"self": keras.tree.map_structure(lambda _: True, layer["self"]),
                             "cross": keras.tree.map_structure(lambda _: False, layer["cross"])}
                            for layer in state["layers"]]}
@@ -411,32 +414,56 @@ class TransformerDecoder(_StackBase, Decoder):
         return result if len(result) > 1 else result[0]
 
     def init_state(self, memories, memory_mask, max_length, memory_embeddings=None):
-        """Decoder state for incremental decoding; every leaf has the batch as dim 0."""
+        """Decoder state for incremental decoding: the memory's padding bias and each layer's
+        cache (batch first), and what every step reads but no row owns (computed here once, not
+        in each step): ``positions`` (``arange(max_length)``), ``position_table`` (their
+        sinusoidal encodings, ``[max_length, D]``) and ``output_kernel`` (the ``[D, V]`` output
+        projection, the tied embedding transposed); :meth:`state_reorder_flags` declares
+        them."""
         memories = self._memories(memories)
         memory_embeddings = self._memory_embeddings(memory_embeddings)
+        positions = ops.arange(max_length, dtype="int32")
         return {
-            "memory_mask": memory_mask,
+            "memory_bias": padding_bias(memory_mask),
+            "positions": positions,
+            "position_table": sinusoidal_table(positions, self.d_model,
+                                               self.positions.max_wavelength,
+                                               self.compute_dtype),
+            "output_kernel": self._output_kernel(),
             "layers": [layer.init_cache(memory, max_length, memory_shortcut=memory_embeddings)
                        for layer, memory in zip(self.layers_, memories)],
         }
 
+    def _output_kernel(self):
+        """The ``[D, V]`` output projection in the compute dtype: with ``tie_softmax`` the
+        embedding transposed, once per search instead of in every step."""
+        kernel = (ops.transpose(self.embedding.embeddings) if self.tie_softmax
+                  else self.softmax_kernel)
+        return ops.cast(kernel, self.compute_dtype)
+
     def step(self, token_ids, step, state):
-        """One decoding step: ``token_ids`` ``[B]`` at position ``step`` -> logits ``[B, V]``."""
-        max_length = ops.shape(state["layers"][0]["self"]["k"])[2]
-        memory_bias = padding_bias(state["memory_mask"])
-        self_bias = step_bias(step, max_length)
+        """One decoding step: ``token_ids`` ``[B]`` at position ``step`` -> logits ``[B, V]``.
+
+        Works on ``[B, D]`` rows; the self-attention bias and the cache write masks are
+        computed once for all layers (:func:`~deep_nmt_tf.layers.attention.step_masks`)."""
+        self_bias, masks = step_masks(step, state["positions"])
+        memory_bias = state["memory_bias"]
         new_layers = []
 
         def run_layer(i, layer, x, shortcut):
             y, cache = layer.step(x, state["layers"][i], step, self_bias, memory_bias,
-                                  training=False, shortcut=shortcut)
+                                  training=False, shortcut=shortcut, masks=masks)
             new_layers.append(cache)
             return y
 
-        x0 = self.embed(ops.expand_dims(token_ids, 1), start=step, training=False)
+        position = ops.slice(state["position_table"], (ops.cast(step, "int32"), 0),
+                             (1, self.d_model))
+        x0 = self.embedding(token_ids) + position
         top, _ = self.run_layers(x0, run_layer)
-        logits = self.output_logits(top)[:, 0, :]
-        return logits, {"memory_mask": state["memory_mask"], "layers": new_layers}
+        logits = ops.matmul(self.finalize(top), state["output_kernel"])
+        if not self.tie_softmax:
+            logits = logits + ops.cast(self.softmax_bias, logits.dtype)
+        return ops.cast(logits, "float32"), {**state, "layers": new_layers}
 
     def get_config(self):
         config = super().get_config()
