@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
+
+from absl import logging
 
 __all__ = [
     "DataError",
@@ -27,6 +29,8 @@ __all__ = [
     "is_blank",
     "check_parallel",
     "describe_stats",
+    "sample_lines",
+    "sample_text",
 ]
 
 _MISSING = object()
@@ -160,3 +164,35 @@ def describe_stats(stats: ParallelStats, name: Optional[str] = None) -> str:
     prefix = f"{name}: " if name else ""
     return (f"{prefix}{stats.num_lines} lines in {stats.source_path} / {stats.target_path}; "
             f"{stats.num_empty_pairs} empty pairs dropped, {stats.num_pairs} kept")
+
+
+def sample_lines(total: int, max_lines: Optional[int]) -> Optional[Callable[[int], bool]]:
+    """``keep(i)`` for line ``i`` of ``total``: every line (None) when ``max_lines`` is 0/None
+    or at least ``total``, else ``max_lines`` lines spread evenly over all of them
+    (deterministic: the lines where ``floor(i * max_lines / total)`` increases)."""
+    if not max_lines or max_lines >= total:
+        return None
+    return lambda i: (i * max_lines) // total != ((i + 1) * max_lines) // total
+
+
+def sample_text(paths: Sequence[str], max_lines: Optional[int] = None) -> Iterator[str]:
+    """The non-blank lines of an evenly spread sample of at most ``max_lines`` lines of all
+    ``paths`` together (:func:`sample_lines`; 0 or None: every line), streaming; the sample
+    size is logged.  Every line is read (and checked to be UTF-8).
+
+    Raises:
+      DataError: a file is missing or has invalid UTF-8 (names file and line).
+    """
+    keep = None
+    if max_lines:
+        total = sum(count_lines(path) for path in paths)
+        keep = sample_lines(total, max_lines)
+        if keep is not None:
+            logging.info("Vocabulary sample: %d of the %d lines of %s", max_lines, total,
+                         ", ".join(paths))
+    index = 0
+    for path in paths:
+        for line in read_lines(path):
+            if (keep is None or keep(index)) and not is_blank(line):
+                yield line
+            index += 1

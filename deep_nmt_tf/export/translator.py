@@ -52,6 +52,7 @@ from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import restore_model_weights
 from deep_nmt_tf.config import Config, DecodingConfig
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from deep_nmt_tf.data.tokenizers import build_tokenizer
 from deep_nmt_tf.decoding.search import beam_search, search
 from deep_nmt_tf.run_dir import RunDir
 
@@ -89,13 +90,6 @@ class Hypothesis(NamedTuple):
     text: str
     score: float
     ids: Tuple[int, ...]
-
-
-def build_tokenizer(config: Config, vocab_path: str):
-    """The data package's in-graph :class:`~deep_nmt_tf.data.vocab.Tokenizer`."""
-    from deep_nmt_tf.data.vocab import Tokenizer
-
-    return Tokenizer(vocab_path, lowercase=config.data.lowercase)
 
 
 def prepare_source(tokens: tf.RaggedTensor, vocab_size: int, max_input_length: int,
