@@ -118,7 +118,7 @@ def preprocess_run(config: Config, run_dir: Union[str, RunDir],
     run_dir.save_config(config)
     tokenizer = build_tokenizer(config)
     sha = file_sha256(config.data.vocab)
-    info = dict(lowercase=config.data.lowercase, tokenizer=tokenizer.kind)
+    info = dict(lowercase=config.data.lowercase, tokenizer_type=tokenizer.kind)
     written = {}
     for split in splits:
         if split == "train" and config.data.train:

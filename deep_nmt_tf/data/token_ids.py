@@ -10,7 +10,7 @@ tokenisation with a run's vocabulary, as numpy arrays in one ``.npz``:
 ``source_offsets``, ``target_offsets``  ``int64 [N + 1]``: line ``i`` is ``tokens[offsets[i]:
                                    offsets[i + 1]]``
 ``meta``                           a JSON string: ``format``, ``version``, ``vocab_size``,
-                                   ``vocab_sha256``, ``tokenizer`` (``wordpiece`` or
+                                   ``vocab_sha256``, ``tokenizer_type`` (``wordpiece`` or
                                    ``sentencepiece``), where the lines came from and, for
                                    several training corpora, ``corpora`` (each one's
                                    ``name``, ``weight`` and ``pairs``, in row order)

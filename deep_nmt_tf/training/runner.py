@@ -38,11 +38,11 @@ runner owns everything around it, in this order:
 Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the model
 (with the dropout ``SeedGenerator`` states, so dropout masks continue exactly), the optimizer,
 the trainer's counters ``step``, ``skipped_updates`` and ``data_position`` (micro-batches
-consumed), the gradient transforms' state and, if asked (``checkpoint_iterator``, default
-strategy only), the ``tf.data`` iterator.  On resume the iterator is restored, or else the
-training dataset is rebuilt and its first ``data_position`` micro-batches are read and
-dropped (:meth:`Runner.make_train_iterator`), so the dataset must be deterministic for a given
-``training.seed`` (as the data pipeline is).  A run killed at any point continues from its
+consumed), the gradient transforms' state and (``checkpoint_iterator``, the default, where the
+iterator can be saved: the default strategy) the ``tf.data`` iterator.  On resume the iterator
+is restored, or else the training dataset is rebuilt and its first ``data_position``
+micro-batches are read and dropped (:meth:`Runner.make_train_iterator`), so the dataset must be
+deterministic for a given ``training.seed`` (as the data pipeline is).  A run killed at any point continues from its
 latest checkpoint as if it had not been stopped.
 
 Logs: a console line every ``training.log_every`` steps; TensorBoard scalars under
@@ -249,7 +249,7 @@ class Runner:
         ``start_over`` with a readable checkpoint.
     """
 
-    def __init__(self, trainer, checkpoint_iterator: bool = False, start_over: bool = False):
+    def __init__(self, trainer, checkpoint_iterator: bool = True, start_over: bool = False):
         self.trainer = trainer
         self.run_dir: RunDir = trainer.run_dir
         self.checkpoint_iterator = checkpoint_iterator
@@ -328,12 +328,13 @@ class Runner:
 
         A resumed run sees the same batches as an uninterrupted one:
 
-        * by default, and whenever the iterator cannot be checkpointed (distributed iterators,
-          datasets with Python ops such as ``from_generator``), the ``data_position``
-          micro-batches consumed before the checkpoint are read again and dropped (about 100
-          demo-config batches/s on 2 CPU cores);
-        * with ``checkpoint_iterator=True`` under the default strategy, the ``tf.data``
-          iterator is saved in the checkpoints (``data_iterator``) and restored from them.
+        * with ``checkpoint_iterator`` (the default) under the default strategy, the
+          ``tf.data`` iterator is saved in the checkpoints (``data_iterator``) and restored
+          from them: a resume costs the same at any position;
+        * with ``checkpoint_iterator=False``, and whenever the iterator cannot be checkpointed
+          (distributed iterators, datasets with Python ops such as ``from_generator``), the
+          ``data_position`` micro-batches consumed before the checkpoint are read again and
+          dropped (about 100 demo-config batches/s on 2 CPU cores).
         """
         position = int(self.trainer.data_position.numpy())
         make = self.trainer.distributed_iterator

@@ -84,9 +84,10 @@ class Trainer:
       gradient_transforms: extra :class:`~deep_nmt_tf.training.optimizers.GradientTransform`s,
         run after the ones the config asks for.
       checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
-        (:meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`).  Resuming is then
-        instant, but every checkpoint holds the shuffle buffer (demo config: +34 MB and +3 s
-        per checkpoint); the default re-reads the consumed batches on resume instead.
+        (the default; :meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`), so
+        that resuming costs the same at any position (BENCHMARKS.md, "Scale"), at the price of
+        the shuffle buffer in every checkpoint (demo config: +34 MB and +3 s per checkpoint);
+        False re-reads the consumed batches on resume instead.
       start_over: train from step 0 in a run directory whose checkpoints all fail to read
         (``deep-nmt-train --start_over``; otherwise that is an error).
 
@@ -107,7 +108,7 @@ class Trainer:
     def __init__(self, config: Config, model_dir,
                  strategy: Optional[tf.distribute.Strategy] = None,
                  gradient_transforms: Sequence[optimizers.GradientTransform] = (),
-                 checkpoint_iterator: bool = False, start_over: bool = False):
+                 checkpoint_iterator: bool = True, start_over: bool = False):
         if keras.backend.backend() != "tensorflow":
             raise RuntimeError("deep_nmt_tf.training needs the TensorFlow Keras backend "
                                f"(KERAS_BACKEND={keras.backend.backend()!r})")
