@@ -76,6 +76,7 @@ def test_learned_model_has_the_reserved_ids(model_path):
 
 def test_graph_and_python_agree_and_round_trip(model_path):
     tokenizer = SentencePieceTokenizer(model_path)
+    tf.random.set_seed(3)  # clears TensorFlow's eager kernel cache: the model must survive it
     model = SentencePieceModel(model_path)
     ids = tokenizer.tokenize(tf.constant(LINES)).to_list()
     assert ids == model.encode(LINES)
@@ -306,3 +307,114 @@ def test_the_config_selects_the_learner(corpus, tmp_path, caplog):
             pipeline.prepare_data(config, str(tmp_path / learner))
         assert f"({learner} learner)" in caplog.text
         caplog.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# deep-nmt-build-vocab, and a whole SentencePiece run
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def build_vocab_tool():
+    """tools/build_vocab.py, its flags removed from absl's global FLAGS afterwards."""
+    import importlib
+
+    from absl import flags
+
+    before = set(flags.FLAGS)
+    sys.modules.pop("deep_nmt_tf.tools.build_vocab", None)
+    tool = importlib.import_module("deep_nmt_tf.tools.build_vocab")
+
+    def run(*args):
+        flags.FLAGS.unparse_flags()
+        tool.main(flags.FLAGS(["build_vocab", *args]))
+
+    yield run
+    flags.FLAGS.unparse_flags()
+    for name in set(flags.FLAGS) - before:
+        delattr(flags.FLAGS, name)
+    sys.modules.pop("deep_nmt_tf.tools.build_vocab", None)
+
+
+def test_build_vocab_tool_learns_sentencepiece(build_vocab_tool, corpus, tmp_path):
+    output = str(tmp_path / "sp.model")
+    build_vocab_tool(f"--input={corpus['train_source']},{corpus['train_target']}",
+                     f"--output={output}", "--vocab_size=150", "--tokenizer=sentencepiece",
+                     "--model_type=bpe")
+    model = SentencePieceModel(output)
+    assert model.identity and 100 < model.vocab_size <= 150
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  corpus: synthetic\n  synthetic_train_size: 100\n"
+                      "  synthetic_dev_size: 5\n  synthetic_test_size: 5\n"
+                      "  tokenizer: {type: sentencepiece}\n")
+    build_vocab_tool(f"--config={config}", f"--model_dir={tmp_path / 'run'}",
+                     "--override=data.vocab_size=120")
+    assert SentencePieceModel(str(tmp_path / "run" / "sentencepiece.model")).vocab_size <= 120
+    assert not (tmp_path / "run" / "vocab.txt").exists()
+
+
+_STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32}
+TINY_SP = {
+    "model": {"d_model": 16, "encoder": {"transformer": dict(_STACK)},
+              "decoder": {"transformer": dict(_STACK)}},
+    "data": {"corpus": "synthetic", "synthetic_train_size": 300, "synthetic_dev_size": 12,
+             "synthetic_test_size": 6, "vocab_size": 150, "shuffle_buffer": 64,
+             "tokenizer": {"type": "sentencepiece", "sentencepiece": {"model_type": "unigram"}}},
+    "training": {"train_steps": 4, "batch_tokens": 300, "log_every": 2, "checkpoint_every": 2,
+                 "eval_every": 4, "seed": 3,
+                 "schedule": {"type": "constant", "constant": {"learning_rate": 3e-3}}},
+    "decoding": {"batch_size": 4, "beam_size": 2, "max_length_a": 1.0, "max_length_b": 3},
+}
+
+_SERVE = r'''
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (registers the ops)
+m = tf.saved_model.load(sys.argv[1])
+out = m.signatures["serving_default"](text=tf.constant(json.loads(sys.argv[2])))
+print("RESULT" + json.dumps([t.decode("utf-8") for t in out["translations"].numpy()]))
+'''
+
+
+@pytest.mark.slow
+def test_a_sentencepiece_run_trains_translates_evaluates_and_exports(tmp_path):
+    from deep_nmt_tf.data.preprocess import preprocess_run
+    from deep_nmt_tf.data.token_ids import TokenIds
+    from deep_nmt_tf.export import Translator, export_model_dir
+    from deep_nmt_tf.tools.evaluate import evaluate_translator
+    from deep_nmt_tf.training import Trainer
+
+    run = RunDir(str(tmp_path / "run"))
+    config = config_from_dict(TINY_SP)
+    results = Trainer(config, run.path).train()
+    assert "eval_bleu" in results and np.isfinite(results["loss"])
+    assert os.path.exists(run.join("sentencepiece.model"))
+    assert not os.path.exists(run.default_vocab_path)
+    assert run.metadata()["tokenizer"]["kind"] == "sentencepiece"
+
+    translator = Translator.from_model_dir(run.path, jit_compile=False)
+    assert isinstance(translator.tokenizer, SentencePieceTokenizer)
+    data = translator.config.data
+    sources = open(data.test_source, encoding="utf-8").read().splitlines()
+    ours = [h[0].text for h in translator.translate(sources)]
+    scores = evaluate_translator(translator, data.test_source, data.test_target)
+    assert scores["hypotheses"] == ours and 0.0 <= scores["bleu"] <= 100.0
+
+    path = export_model_dir(run.path, jit_compile=False)
+    served = subprocess.run([sys.executable, "-c", _SERVE, path, json.dumps(sources)],
+                            capture_output=True, text=True, timeout=300, cwd="/",
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert served.returncode == 0, served.stderr[-3000:]
+    line = [x for x in served.stdout.splitlines() if x.startswith("RESULT")][-1]
+    assert json.loads(line[len("RESULT"):]) == ours
+
+    # The Keras route: the same model's ids in data/*.npz, detokenised without TensorFlow.
+    keras_run = RunDir(str(tmp_path / "fit"))
+    prepared, written = preprocess_run(config, keras_run, splits=["train", "test"])
+    test_ids = TokenIds.load(written["test"], vocab_sha256=keras_run.metadata()["vocab"]["sha256"])
+    assert test_ids.info["tokenizer_type"] == "sentencepiece"
+    detok = make_detokenizer(prepared.data.vocab, keras_run.tokenizer_record()["kind"])
+    references = open(prepared.data.test_target, encoding="utf-8").read().splitlines()
+    decoded = [detok(test_ids.target(i)) for i in range(len(test_ids))]
+    tokenizer = build_tokenizer(prepared)
+    assert decoded == _text(tokenizer.detokenize(tokenizer.tokenize(tf.constant(references))))

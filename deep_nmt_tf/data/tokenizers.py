@@ -29,8 +29,8 @@ import os
 from typing import Optional, Sequence
 
 import tensorflow as tf
-import tensorflow_text as tf_text
 
+from deep_nmt_tf import compat
 from deep_nmt_tf.data import spm
 from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.data.vocab import Tokenizer, build_vocab, text_ids
@@ -74,8 +74,8 @@ class SentencePieceTokenizer(tf.Module):
         self._vocab_size = self._model.vocab_size
         self._lowercase = bool(lowercase)
         self._identity = self._model.identity
-        self._sentencepiece = tf_text.SentencepieceTokenizer(model=self._model.proto,
-                                                             out_type=tf.int32)
+        # (tensorflow-text's own resource would vanish with tf.random.set_seed: compat.)
+        self._sentencepiece = compat.sentencepiece_tokenizer(self._model.proto)
         if not self._identity:
             self._to_ours = tf.constant(self._model.to_ours)
             self._to_model = tf.constant(self._model.to_model)
