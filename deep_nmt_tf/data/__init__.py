@@ -16,9 +16,9 @@ Modules:
     ``keras.utils.PyDataset`` s for ``fit`` on any backend.
   preprocess: ``preprocess_run`` (tokenise a run's corpus into token-id files).
 
-``synthetic``, ``text_io``, ``spm``, ``token_ids`` and ``batching`` do not import TensorFlow; the names
-from the other modules (and ``batching``, which imports Keras) are imported on first use, so
-``from deep_nmt_tf.data import DataError`` stays cheap.
+``synthetic``, ``text_io``, ``spm``, ``token_ids`` and ``batching`` do not import TensorFlow;
+the names from the other modules (and ``batching``, which imports Keras) are imported on first
+use, so ``from deep_nmt_tf.data import DataError`` stays cheap.
 """
 
 import importlib

@@ -1,4 +1,9 @@
-"""Shared WordPiece vocabulary (tensorflow-text) and the in-graph :class:`Tokenizer`.
+"""Shared WordPiece vocabulary and the in-graph :class:`Tokenizer` (tensorflow-text).
+
+The vocabulary is learned (:func:`learn_vocab`) from the words of step 1 below by Hugging Face
+``tokenizers``' WordPiece trainer (the default: seconds for 1M sentences) or by
+tensorflow-text's Python learner (``data.tokenizer.wordpiece.learner: tensorflow_text``, the
+learner of earlier versions: minutes); both write the format ``FastWordpieceTokenizer`` reads.
 
 Text goes through three steps, all TensorFlow ops, so they run in ``tf.data`` pipelines and in
 ``tf.function`` s exported to a SavedModel (load it with ``import tensorflow_text`` first):

@@ -42,8 +42,8 @@ consumed), the gradient transforms' state and (``checkpoint_iterator``, the defa
 iterator can be saved: the default strategy) the ``tf.data`` iterator.  On resume the iterator
 is restored, or else the training dataset is rebuilt and its first ``data_position``
 micro-batches are read and dropped (:meth:`Runner.make_train_iterator`), so the dataset must be
-deterministic for a given ``training.seed`` (as the data pipeline is).  A run killed at any point continues from its
-latest checkpoint as if it had not been stopped.
+deterministic for a given ``training.seed`` (as the data pipeline is).  A run killed at any
+point continues from its latest checkpoint as if it had not been stopped.
 
 Logs: a console line every ``training.log_every`` steps; TensorBoard scalars under
 ``MODEL_DIR/train`` (loss, nll, perplexity, learning_rate, grad_norm, tokens_per_second,

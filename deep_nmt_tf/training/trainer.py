@@ -83,11 +83,10 @@ class Trainer:
         :func:`deep_nmt_tf.training.strategy.make_strategy`.
       gradient_transforms: extra :class:`~deep_nmt_tf.training.optimizers.GradientTransform`s,
         run after the ones the config asks for.
-      checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
-        (the default; :meth:`~deep_nmt_tf.training.runner.Runner.make_train_iterator`), so
-        that resuming costs the same at any position (BENCHMARKS.md, "Scale"), at the price of
-        the shuffle buffer in every checkpoint (demo config: +34 MB and +3 s per checkpoint);
-        False re-reads the consumed batches on resume instead.
+      checkpoint_iterator: save the ``tf.data`` iterator in the checkpoints when possible (the
+        default: a resume costs the same at any position, BENCHMARKS.md "Scale"; each
+        checkpoint holds the shuffle buffer, demo config +34 MB, +3 s); False re-reads the
+        consumed batches on resume (``Runner.make_train_iterator``).
       start_over: train from step 0 in a run directory whose checkpoints all fail to read
         (``deep-nmt-train --start_over``; otherwise that is an error).
 
