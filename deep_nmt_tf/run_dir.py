@@ -322,7 +322,9 @@ class RunDir:
     # -- config --------------------------------------------------------------------------------
     def saved_config(self, overrides: Sequence[str] = ()) -> Optional[Config]:
         """The saved ``config.yaml`` with its data paths resolved (:meth:`resolve_path`) and
-        then ``overrides`` applied, or None for a new run directory.
+        then ``overrides`` applied, or None for a new run directory.  A config saved before
+        ``data.tokenizer`` existed reads as WordPiece learned by tensorflow-text (what such a
+        run used).
 
         Raises:
           ConfigError: the file is no longer a valid config (e.g. written by an older version).
@@ -339,6 +341,9 @@ class RunDir:
                          path, len(moved))
         section = data.get("data")
         if isinstance(section, dict):
+            # Written before data.tokenizer existed: WordPiece, learned by tensorflow-text.
+            section.setdefault("tokenizer", {"type": "wordpiece",
+                                             "wordpiece": {"learner": "tensorflow_text"}})
             for key in DATA_PATH_KEYS:
                 if isinstance(section.get(key), str):
                     section[key] = self.resolve_path(section[key])

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
+import yaml
 
 from deep_nmt_tf.config import ConfigError, config_from_dict
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
@@ -148,17 +149,13 @@ def test_tokenizes_in_tf_data_and_in_a_saved_model_in_a_fresh_process(tmp_path, 
     assert [row for batch in ds for row in batch.to_list()] == \
         tokenizer.tokenize(tf.constant(LINES)).to_list()
 
-    class Exported(tf.Module):
-        def __init__(self, tok):
-            super().__init__()
-            self.tok = tok
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def round_trip(self, text):
-            return self.tok.detokenize(self.tok.tokenize(text).to_tensor())
-
+    exported = tf.Module()
+    exported.tokenizer = tokenizer
+    exported.round_trip = tf.function(
+        lambda text: tokenizer.detokenize(tokenizer.tokenize(text).to_tensor()),
+        input_signature=[tf.TensorSpec([None], tf.string)])
     export_dir = str(tmp_path / "saved")
-    tf.saved_model.save(Exported(tokenizer), export_dir)
+    tf.saved_model.save(exported, export_dir)
     copy.unlink()  # The SavedModel holds the model itself.
     code = textwrap.dedent(f"""
         import json
@@ -202,7 +199,7 @@ def test_build_tokenizer_follows_the_config(corpus, model_path, tmp_path):
     with pytest.raises(ConfigError, match=r"data\.tokenizer\.wordpiece\.learner: set, but "
                                           r"data\.tokenizer\.type is 'sentencepiece'"):
         config_from_dict({}, overrides=["data.tokenizer.type=sentencepiece",
-                                        "data.tokenizer.wordpiece.learner=huggingface"])
+                                        "data.tokenizer.wordpiece.learner=sentencepiece"])
 
 
 def test_prepare_data_learns_and_records_a_sentencepiece_model(corpus, tmp_path):
@@ -243,8 +240,14 @@ def test_a_run_without_a_tokenizer_record_is_wordpiece(corpus, tmp_path):
         json.dump(meta, f)
     assert run.tokenizer_record() == {"kind": "wordpiece", "file": "vocab.txt",
                                       "sha256": meta["vocab"]["sha256"]}
+    with open(run.config_path, encoding="utf-8") as f:
+        text = yaml.safe_load(f)
+    del text["data"]["tokenizer"]  # a config.yaml written before the key existed
+    with open(run.config_path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(text, f)
     saved = run.load_config()
     assert saved.data.tokenizer.type == "wordpiece"
+    assert saved.data.tokenizer.get().learner == "tensorflow_text"  # what such runs used
     assert isinstance(build_tokenizer(saved), Tokenizer)
     run.check_config(prepared)  # still accepted
     with pytest.raises(ConfigError, match="trained with a wordpiece tokenizer"):
@@ -301,7 +304,7 @@ def test_the_two_wordpiece_learners_give_comparable_pieces_per_word(corpus, tmp_
 
 
 def test_the_config_selects_the_learner(corpus, tmp_path, caplog):
-    for learner in ("huggingface", "tensorflow_text"):
+    for learner in ("sentencepiece", "tensorflow_text"):
         config = _config(corpus, {"type": "wordpiece", "wordpiece": {"learner": learner}})
         with caplog.at_level(logging.INFO, logger="absl"):
             pipeline.prepare_data(config, str(tmp_path / learner))
@@ -418,3 +421,25 @@ def test_a_sentencepiece_run_trains_translates_evaluates_and_exports(tmp_path):
     decoded = [detok(test_ids.target(i)) for i in range(len(test_ids))]
     tokenizer = build_tokenizer(prepared)
     assert decoded == _text(tokenizer.detokenize(tokenizer.tokenize(tf.constant(references))))
+
+
+def test_the_sentencepiece_wordpiece_learner_is_deterministic_across_processes(corpus):
+    """(Hugging Face's WordPiece trainer was not: its hash maps order ties differently in each
+    process, so two runs of one config learned different vocabularies.)"""
+    from deep_nmt_tf.data.spm import learn_wordpiece
+
+    counts = dict(count_words([corpus["train_source"], corpus["train_target"]]))
+    code = textwrap.dedent("""
+        import json, sys
+        from deep_nmt_tf.data.spm import learn_wordpiece
+        print("RESULT" + json.dumps(learn_wordpiece(json.loads(sys.stdin.read()), 400, 2)))
+    """)
+    runs = [subprocess.run([sys.executable, "-c", code], input=json.dumps(counts), text=True,
+                           capture_output=True, timeout=120) for _ in range(2)]
+    learned = []
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        line = [x for x in run.stdout.splitlines() if x.startswith("RESULT")][-1]
+        learned.append(json.loads(line[len("RESULT"):]))
+    assert learned[0] == learned[1] == learn_wordpiece(counts, 400, 2)
+    assert len(learned[0]) == 400

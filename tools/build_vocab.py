@@ -51,7 +51,7 @@ define_flags([
      "keeps (explicit mode; data.vocab_min_count in config mode).", 1),
     (flags.DEFINE_enum, "tokenizer", "wordpiece", ["wordpiece", "sentencepiece"],
      "What to learn (explicit mode; data.tokenizer.type in config mode)."),
-    (flags.DEFINE_enum, "learner", "huggingface", ["huggingface", "tensorflow_text"],
+    (flags.DEFINE_enum, "learner", "sentencepiece", ["sentencepiece", "tensorflow_text"],
      "WordPiece learner (explicit mode; data.tokenizer.wordpiece.learner in config mode)."),
     (flags.DEFINE_enum, "model_type", "unigram", ["unigram", "bpe"],
      "SentencePiece model type (explicit mode; data.tokenizer.sentencepiece.model_type)."),
@@ -103,7 +103,7 @@ def _from_config(config_path: str, overrides: Sequence[str], model_dir: str,
 
 def _from_files(inputs: Sequence[str], output: str, vocab_size: int,
                 lowercase: bool, overwrite: bool = False, min_count: int = 10,
-                tokenizer: str = "wordpiece", learner: str = "huggingface",
+                tokenizer: str = "wordpiece", learner: str = "sentencepiece",
                 model_type: str = "unigram") -> None:
     from deep_nmt_tf.config import config_from_dict
     from deep_nmt_tf.data.tokenizers import learn_tokenizer

@@ -97,11 +97,11 @@ class WordPieceOptions:
     """WordPiece (tensorflow-text's ``FastWordpieceTokenizer``) after the package's own
     pre-tokenisation (:mod:`deep_nmt_tf.data.vocab`); the vocabulary is a text file, one token
     per line, the reserved tokens first."""
-    learner: str = field("huggingface", "How a missing vocabulary is learned: 'huggingface' "
-                         "(the tokenizers library's WordPiece trainer, seconds for 1M "
-                         "sentences) or 'tensorflow_text' (tensorflow-text's Python learner, "
-                         "the learner of deep_nmt_tf 0.2 and before, minutes).",
-                         choices=("huggingface", "tensorflow_text"))
+    learner: str = field("sentencepiece", "How a missing vocabulary is learned from the word "
+                         "counts: 'sentencepiece' (its BPE trainer, converted to ## pieces: "
+                         "seconds for 1M sentences, deterministic) or 'tensorflow_text' "
+                         "(tensorflow-text's Python learner, the learner of deep_nmt_tf 0.2 "
+                         "and before: minutes).", choices=("sentencepiece", "tensorflow_text"))
 
 
 @dataclasses.dataclass
@@ -165,10 +165,11 @@ class DataConfig:
                        "MODEL_DIR/sentencepiece.model (learned from the training data if "
                        "missing).")
     vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
-    vocab_min_count: int = field(10, "WordPiece: least count of a word or piece that the "
-                                 "vocabulary learner keeps (the learners' min_frequency / "
-                                 "lower_thresh): a small corpus reaches vocab_size only with a "
-                                 "lower value.", min=1)
+    vocab_min_count: int = field(10, "WordPiece: least count of a word that pieces are learned "
+                                 "from (sentencepiece learner; every character is kept) or of a "
+                                 "piece the learner keeps (tensorflow_text's lower_thresh): a "
+                                 "small corpus reaches vocab_size only with a lower value.",
+                                 min=1)
     vocab_sample_size: int = field(1000000, "Learn the vocabulary from at most this many "
                                    "training lines (source and target together, spread evenly "
                                    "over the files; the sample size is logged); 0 = all.",

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 import tensorflow as tf
-from absl import logging
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.batching import bucket_batch_sizes, bucket_upper_bounds

@@ -1,5 +1,8 @@
 """SentencePiece models without TensorFlow: learning, the id layout, and text <-> ids in Python.
 
+The sentencepiece library also learns the package's WordPiece vocabularies
+(:func:`learn_wordpiece`: its BPE trainer on the word counts, converted to ``##`` pieces).
+
 A SentencePiece model (a ``.model`` file: Kudo and Richardson 2018) is learned with the
 ``sentencepiece`` package (:func:`learn_sentencepiece`, from the same bounded, evenly spread
 sample of the training lines as a WordPiece vocabulary) or taken as it is from elsewhere
@@ -22,16 +25,17 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Iterable, List, Optional, Sequence
+import tempfile
+from typing import Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 from absl import logging
 
 from deep_nmt_tf.constants import (BOS_ID, BOS_TOKEN, EOS_ID, EOS_TOKEN, PAD_ID, PAD_TOKEN,
-                                   RESERVED_TOKENS, UNK_ID, UNK_TOKEN)
+                                   RESERVED_TOKENS, UNK_ID, UNK_TOKEN, text_ids)
 from deep_nmt_tf.data.text_io import DataError, sample_text
 
-__all__ = ["MODEL_TYPES", "SentencePieceModel", "learn_sentencepiece"]
+__all__ = ["MODEL_TYPES", "SentencePieceModel", "learn_sentencepiece", "learn_wordpiece"]
 
 #: The model types :func:`learn_sentencepiece` learns (``data.tokenizer.sentencepiece``).
 MODEL_TYPES = ("unigram", "bpe")
@@ -106,15 +110,8 @@ class SentencePieceModel:
     def decode(self, ids: Iterable[int]) -> str:
         """One sentence's ids -> text: ``<pad>`` and ``<s>`` are dropped, and everything from
         the first ``</s>`` on; ids outside the vocabulary read as ``[UNK]``."""
-        kept = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i in (PAD_ID, BOS_ID):
-                continue
-            kept.append(int(self.to_model[i if 0 <= i < len(self.pieces) else UNK_ID]))
-        return self.processor.decode(kept)
+        return self.processor.decode(
+            [int(self.to_model[i]) for i in text_ids(ids, len(self.pieces))])
 
 
 def learn_sentencepiece(paths: Sequence[str], output_path: str, vocab_size: int,
@@ -172,3 +169,72 @@ def learn_sentencepiece(paths: Sequence[str], output_path: str, vocab_size: int,
                         "the sample has no more (data.vocab_size)", learned.vocab_size,
                         vocab_size)
     return learned
+
+
+_WORD_START = "\u2581"  # sentencepiece's mark of a piece that starts a word
+_SUFFIX = "##"  # deep_nmt_tf.data.vocab.SUFFIX_INDICATOR
+
+
+def _bpe_pieces(counts: Mapping[str, int], size: int, params: Mapping) -> List[str]:
+    import sentencepiece
+
+    with tempfile.TemporaryDirectory() as directory:
+        words = os.path.join(directory, "words.tsv")
+        with open(words, "w", encoding="utf-8") as f:
+            f.writelines(f"{word}\t{count}\n" for word, count in counts.items())
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(**{
+            "input": words, "input_format": "tsv", "model_writer": model, "model_type": "bpe",
+            "vocab_size": max(int(size), 2), "character_coverage": 1.0,
+            "normalization_rule_name": "identity", "add_dummy_prefix": True,
+            "remove_extra_whitespaces": False, "split_by_unicode_script": False,
+            "split_by_number": False, "hard_vocab_limit": False, "unk_id": 0, "bos_id": -1,
+            "eos_id": -1, "pad_id": -1, "num_threads": os.cpu_count() or 1, "minloglevel": 2,
+            **dict(params)})
+    sp = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+            if not (sp.is_control(i) or sp.is_unknown(i))]
+
+
+def learn_wordpiece(counts: Mapping[str, int], vocab_size: int, min_count: int = 1,
+                    **params) -> List[str]:
+    """A WordPiece vocabulary from word counts with sentencepiece's BPE trainer (C++, every
+    core, deterministic): the reserved tokens, every character seen as a word-initial and a
+    ``##`` piece, then the BPE pieces in merge order, a piece that starts a word as it is and
+    one inside a word with the ``##`` prefix (what ``FastWordpieceTokenizer`` reads).
+
+    Args:
+      counts: word -> count (:func:`deep_nmt_tf.data.vocab.count_words`; no whitespace).
+      vocab_size: the entries wanted, the reserved ones included (fewer when the words have
+        no more merges; more when the characters alone exceed it).
+      min_count: pieces are learned from the words seen at least this often (the characters
+        of every word are kept).
+      **params: more options of ``sentencepiece.SentencePieceTrainer.train``.
+
+    Returns:
+      The tokens, ``RESERVED_TOKENS`` first.
+    """
+    alphabet = sorted({c for word in counts for c in word})
+    tokens = list(RESERVED_TOKENS)
+    seen = set(tokens)
+
+    def add(token):
+        if token and token != _SUFFIX and token not in seen:
+            seen.add(token)
+            tokens.append(token)
+
+    for prefix in ("", _SUFFIX):
+        for c in alphabet:
+            add(prefix + c)
+    frequent = {w: c for w, c in counts.items() if c >= min_count}
+    pieces: List[str] = []
+    wanted = vocab_size - len(tokens)
+    if frequent and wanted > 0:
+        # The model's pieces repeat the characters (and a few word-initial ones): ask for a
+        # margin more and keep the first ones, in merge order.
+        pieces = _bpe_pieces(frequent, wanted + len(alphabet) + wanted // 20 + 16, params)
+    for piece in pieces:
+        if len(tokens) >= vocab_size:
+            break
+        add(piece[1:] if piece.startswith(_WORD_START) else _SUFFIX + piece)
+    return tokens

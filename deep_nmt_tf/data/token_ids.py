@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
+from deep_nmt_tf.constants import RESERVED_TOKENS, text_ids
 from deep_nmt_tf.data.spm import SentencePieceModel
 from deep_nmt_tf.data.text_io import DataError, read_lines
 
@@ -201,13 +201,8 @@ class Detokenizer:
     def __call__(self, ids: Iterable[int]) -> str:
         """One sentence's ids (any int iterable) -> text."""
         pieces: List[str] = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i in (PAD_ID, BOS_ID):
-                continue
-            token = self.tokens[i] if 0 <= i < len(self.tokens) else self.tokens[UNK_ID]
+        for i in text_ids(ids, len(self.tokens)):
+            token = self.tokens[i]
             if pieces and token.startswith(_SUFFIX_INDICATOR):
                 pieces[-1] += token[len(_SUFFIX_INDICATOR):]
             else:  # A word, or a continuation piece with nothing before it (kept whole).

@@ -33,7 +33,7 @@ import tensorflow as tf
 from deep_nmt_tf import compat
 from deep_nmt_tf.data import spm
 from deep_nmt_tf.data.text_io import DataError
-from deep_nmt_tf.data.vocab import Tokenizer, build_vocab, text_ids
+from deep_nmt_tf.data.vocab import Tokenizer, TokenizerBase, build_vocab, text_ids
 
 __all__ = ["KINDS", "SentencePieceTokenizer", "build_tokenizer", "learn_tokenizer"]
 
@@ -41,7 +41,7 @@ __all__ = ["KINDS", "SentencePieceTokenizer", "build_tokenizer", "learn_tokenize
 KINDS = ("wordpiece", "sentencepiece")
 
 
-class SentencePieceTokenizer(tf.Module):
+class SentencePieceTokenizer(TokenizerBase):
     """Text <-> ids with a SentencePiece model, entirely in TensorFlow ops.
 
     The model's ids are mapped onto the package's (reserved ids 0-3 first:
@@ -81,29 +81,13 @@ class SentencePieceTokenizer(tf.Module):
             self._to_model = tf.constant(self._model.to_model)
 
     @property
-    def vocab_size(self) -> int:
-        """Number of ids (0 .. vocab_size - 1)."""
-        return self._vocab_size
-
-    @property
-    def lowercase(self) -> bool:
-        """Whether input text is lower-cased."""
-        return self._lowercase
-
-    @property
     def model(self) -> spm.SentencePieceModel:
         """The model and its id map (plain Python)."""
         return self._model
 
     def tokenize(self, text):
-        """Text to ids (no BOS/EOS added).
-
-        Args:
-          text: string ``Tensor`` ``[B]`` (or a scalar).
-
-        Returns:
-          int32 ``RaggedTensor`` ``[B, (pieces)]`` (a 1-D ``Tensor`` for a scalar input).
-        """
+        """String ``[B]`` (or a scalar) to int32 ids ``RaggedTensor`` ``[B, (pieces)]`` (1-D
+        for a scalar), without BOS/EOS."""
         text = tf.convert_to_tensor(text, tf.string)
         if self._lowercase:
             text = tf.strings.lower(text, encoding="utf-8")
@@ -115,16 +99,9 @@ class SentencePieceTokenizer(tf.Module):
         return tf.gather(self._to_ours, ids)
 
     def detokenize(self, ids):
-        """Ids to text.
-
-        Args:
-          ids: int ``Tensor`` ``[B, T]`` or ``RaggedTensor`` ``[B, (T)]`` (or 1-D for one
-            sentence).  ``<pad>`` and ``<s>`` are dropped anywhere, and everything from the
-            first ``</s>`` on; ids outside the vocabulary read as ``[UNK]``.
-
-        Returns:
-          string ``Tensor`` ``[B]`` (a scalar for 1-D input).
-        """
+        """Ids ``[B, T]`` (dense or ragged; or 1-D) to text ``[B]`` (or a scalar), with the
+        rules of :func:`deep_nmt_tf.data.vocab.text_ids` (``<pad>``, ``<s>`` and everything
+        from the first ``</s>`` dropped, ids outside the vocabulary read as ``[UNK]``)."""
         ids, single = text_ids(ids, self._vocab_size)
         if not self._identity:
             ids = tf.ragged.map_flat_values(lambda v: tf.gather(self._to_model, v), ids)

@@ -1,9 +1,10 @@
 """Shared WordPiece vocabulary and the in-graph :class:`Tokenizer` (tensorflow-text).
 
-The vocabulary is learned (:func:`learn_vocab`) from the words of step 1 below by Hugging Face
-``tokenizers``' WordPiece trainer (the default: seconds for 1M sentences) or by
-tensorflow-text's Python learner (``data.tokenizer.wordpiece.learner: tensorflow_text``, the
-learner of earlier versions: minutes); both write the format ``FastWordpieceTokenizer`` reads.
+The vocabulary is learned (:func:`learn_vocab`) from the counts of the words of step 1 below,
+by sentencepiece's BPE trainer (the default: about a second after counting, deterministic;
+:func:`deep_nmt_tf.data.spm.learn_wordpiece`) or by tensorflow-text's Python learner
+(``data.tokenizer.wordpiece.learner: tensorflow_text``, the learner of earlier versions:
+minutes); both give the format ``FastWordpieceTokenizer`` reads.
 
 Text goes through three steps, all TensorFlow ops, so they run in ``tf.data`` pipelines and in
 ``tf.function`` s exported to a SavedModel (load it with ``import tensorflow_text`` first):
@@ -46,6 +47,7 @@ from absl import logging
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner_lib
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID, UNK_TOKEN
+from deep_nmt_tf.data.spm import learn_wordpiece
 from deep_nmt_tf.data.text_io import DataError, read_lines, sample_lines, sample_text
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "load_vocab",
     "vocab_size",
     "text_ids",
+    "TokenizerBase",
     "Tokenizer",
 ]
 
@@ -170,42 +173,13 @@ def count_words(paths: Sequence[str], lowercase: bool = False,
 
 
 #: The WordPiece learners (``data.tokenizer.wordpiece.learner``).
-LEARNERS = ("huggingface", "tensorflow_text")
-_REPEAT_CHUNK = 4096  # Copies of a word per string fed to the Hugging Face trainer.
-
-
-def _repeated_words(counts: Mapping[str, int]) -> Iterable[str]:
-    """Each word ``count`` times, in space-separated chunks (what the trainer counts)."""
-    for word, count in counts.items():
-        while count > 0:
-            n = min(count, _REPEAT_CHUNK)
-            yield " ".join([word] * n)
-            count -= n
-
-
-def _learn_huggingface(counts: Mapping[str, int], vocab_size: int, min_count: int,
-                       params: Mapping) -> List[str]:
-    """Hugging Face ``tokenizers``' WordPiece trainer (Rust, every core) on the word counts of
-    :func:`count_words`: the same words, ``##`` continuation pieces and reserved tokens."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models, pre_tokenizers, trainers
-
-    hf = HFTokenizer(models.WordPiece(unk_token=UNK_TOKEN,
-                                      continuing_subword_prefix=SUFFIX_INDICATOR))
-    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # The words have no whitespace.
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=int(vocab_size), min_frequency=int(min_count), show_progress=False,
-        special_tokens=list(RESERVED_TOKENS), continuing_subword_prefix=SUFFIX_INDICATOR,
-        **dict(params))
-    hf.train_from_iterator(_repeated_words(counts), trainer)
-    ids = hf.get_vocab()
-    return sorted(ids, key=ids.get)
+LEARNERS = ("sentencepiece", "tensorflow_text")
 
 
 def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
                 learn_params: Optional[Mapping] = None,
                 max_sentences: Optional[int] = None, min_count: int = 10,
-                learner: str = "huggingface") -> List[str]:
+                learner: str = "sentencepiece") -> List[str]:
     """Learns a WordPiece vocabulary from the words of :func:`count_words`.
 
     Args:
@@ -215,18 +189,20 @@ def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
         its ``max_unique_chars``), which can push the size above ``vocab_size`` for scripts
         with very many characters.
       lowercase: learn on lower-cased text (must match the tokenizer's setting).
-      learn_params: extra keyword arguments of the learner: ``tokenizers.trainers.
-        WordPieceTrainer`` (``limit_alphabet`` ...) or tensorflow-text's
+      learn_params: extra keyword arguments of the learner: sentencepiece's trainer
+        (``max_sentencepiece_length`` ...) or tensorflow-text's
         ``wordpiece_tokenizer_learner_lib.learn`` (``num_iterations``, ``max_input_tokens``
         ...).
       max_sentences: learn from an evenly spread sample of at most this many lines
         (:func:`count_words`; 0 or None: all).
-      min_count: the least count of a piece the learner keeps (``min_frequency`` of the
-        Hugging Face trainer, ``lower_thresh`` of tensorflow-text's;
-        ``data.vocab_min_count``): it caps the vocabulary of a small corpus.
-      learner: ``huggingface`` (Hugging Face ``tokenizers``: seconds for 1M sentences,
-        BENCHMARKS.md) or ``tensorflow_text`` (tensorflow-text's Python learner, minutes:
-        the learner of deep_nmt_tf 0.2 and before).
+      min_count: the least count of a word (sentencepiece: pieces are learned from the words
+        seen this often; every character counts) or a piece (tensorflow-text's
+        ``lower_thresh``) that the learner keeps (``data.vocab_min_count``): it caps the
+        vocabulary of a small corpus.
+      learner: ``sentencepiece`` (:func:`deep_nmt_tf.data.spm.learn_wordpiece`: sentencepiece's
+        BPE trainer on the word counts, about a second after counting, deterministic;
+        BENCHMARKS.md) or ``tensorflow_text`` (tensorflow-text's Python learner, minutes: the
+        learner of deep_nmt_tf 0.2 and before).
 
     Returns:
       The tokens, ``RESERVED_TOKENS`` first (ids 0-3).
@@ -240,8 +216,8 @@ def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
     counts = count_words(paths, lowercase, max_sentences)
     if not counts:
         raise DataError(f"cannot learn a vocabulary: no words in {', '.join(paths)}")
-    if learner == "huggingface":
-        tokens = _learn_huggingface(counts, vocab_size, min_count, learn_params or {})
+    if learner == "sentencepiece":
+        tokens = learn_wordpiece(counts, vocab_size, min_count, **dict(learn_params or {}))
     else:
         params = {"lower_thresh": int(min_count), **dict(learn_params or {})}
         tokens = learner_lib.learn(dict(counts), vocab_size, list(RESERVED_TOKENS), **params)
@@ -268,7 +244,7 @@ def write_vocab(tokens: Sequence[str], path: str):
 def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
                 lowercase: bool = False, learn_params: Optional[Mapping] = None,
                 max_sentences: Optional[int] = None, min_count: int = 10,
-                learner: str = "huggingface") -> List[str]:
+                learner: str = "sentencepiece") -> List[str]:
     """:func:`learn_vocab` + :func:`write_vocab`, with logging (a WARNING when the vocabulary
     falls short of ``vocab_size`` by more than 10%, naming ``min_count``).
 
@@ -280,7 +256,7 @@ def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
       learn_params: extra arguments for the learner.
       max_sentences: learn from at most this many lines (``data.vocab_sample_size``).
       min_count: see :func:`learn_vocab` (``data.vocab_min_count``).
-      learner: ``huggingface`` or ``tensorflow_text`` (:func:`learn_vocab`;
+      learner: ``sentencepiece`` or ``tensorflow_text`` (:func:`learn_vocab`;
         ``data.tokenizer.wordpiece.learner``).
 
     Returns:
@@ -374,7 +350,25 @@ def text_ids(ids, vocab_size: int):
     return tf.ragged.boolean_mask(ids, keep), single
 
 
-class Tokenizer(tf.Module):
+class TokenizerBase(tf.Module):
+    """What every tokenizer of the package has (:mod:`deep_nmt_tf.data.tokenizers`):
+    ``kind`` (its ``data.tokenizer.type``), ``vocab_size``, ``lowercase``, and the graph
+    methods ``tokenize`` and ``detokenize``."""
+
+    kind = ""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens (ids are 0 .. vocab_size - 1)."""
+        return self._vocab_size
+
+    @property
+    def lowercase(self) -> bool:
+        """Whether input text is lower-cased."""
+        return self._lowercase
+
+
+class Tokenizer(TokenizerBase):
     """Text <-> WordPiece ids, entirely in TensorFlow ops (tf.data, tf.function, SavedModel).
 
     Example:
@@ -431,16 +425,6 @@ class Tokenizer(tf.Module):
                             "wordpiece: build the tokenizer with deep_nmt_tf.data.tokenizers."
                             "build_tokenizer")
         return cls(config.data.vocab, lowercase=config.data.lowercase)
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of tokens (ids are 0 .. vocab_size - 1)."""
-        return self._vocab_size
-
-    @property
-    def lowercase(self) -> bool:
-        """Whether input text is lower-cased."""
-        return self._lowercase
 
     def tokenize(self, text):
         """Text to WordPiece ids (no BOS/EOS added).
