@@ -252,3 +252,23 @@ def test_a_checkpointed_pipeline_iterator_resumes_exactly(files, tmp_path):
     tf.train.Checkpoint(data_iterator=resumed).restore(path).assert_consumed()
     got = [next(resumed)["source_ids"].numpy() for _ in range(8)]
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
+def test_sampled_lines_are_read_by_number_across_block_boundaries(tmp_path, monkeypatch):
+    from deep_nmt_tf.data import text_io
+
+    lines = [f"line {i} " + "x" * (i % 7) for i in range(103)] + ["crlf\r", "last"]
+    path = tmp_path / "t.txt"
+    path.write_bytes("\n".join(lines).encode("utf-8"))  # no line break after the last line
+    for total, size in ((105, 10), (105, 0), (105, 105), (4993650, 1000)):
+        keep = text_io.sample_lines(total, size)
+        numbers = text_io.sampled_line_numbers(total, size)
+        assert len(numbers) == (min(size, total) or total)
+        assert numbers[:50] == [i for i in range(numbers[min(49, len(numbers) - 1)] + 1)
+                                if keep is None or keep(i)][:50]
+    monkeypatch.setattr(text_io, "_BLOCK", 16)  # many blocks, lines split across them
+    numbers = [0, 1, 15, 16, 50, 102, 103, 104]
+    want = [lines[i].rstrip("\r") for i in numbers]
+    assert text_io.read_line_numbers(str(path), numbers) == want
+    assert text_io.read_line_numbers(str(path), text_io.sampled_line_numbers(105, 10)) == [
+        lines[i].rstrip("\r") for i in text_io.sampled_line_numbers(105, 10)]

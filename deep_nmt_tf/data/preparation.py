@@ -21,7 +21,8 @@ from absl import logging
 
 from deep_nmt_tf.config import corpus_name
 from deep_nmt_tf.data import synthetic
-from deep_nmt_tf.data.text_io import DataError, check_parallel, describe_stats
+from deep_nmt_tf.data.text_io import (DataError, check_parallel, describe_stats,
+                                      read_line_numbers, sampled_line_numbers)
 from deep_nmt_tf.data.tokenizers import build_tokenizer, learn_tokenizer
 from deep_nmt_tf.data.vocab import WHITESPACE_CHAR
 from deep_nmt_tf.run_dir import RunDir, file_sha256
@@ -92,8 +93,8 @@ def length_stats(config, tokenizer, corpus=None, pairs: Optional[int] = None,
       corpus: a :class:`~deep_nmt_tf.config.CorpusConfig` (default: the config's only one).
       pairs, empty: the corpus' line pairs and empty pairs, if known (:func:`check_parallel`):
         with more than ``data.length_stats_sample_size`` pairs only an evenly spread sample of
-        that many is tokenized (the file is still read through, in C++), and the counts over
-        the limits are scaled to the corpus.
+        that many is read (:func:`~deep_nmt_tf.data.text_io.read_line_numbers`) and tokenized,
+        and the counts over the limits are scaled to the corpus.
 
     Returns:
       The corpus' :class:`LengthStats`.
@@ -104,12 +105,7 @@ def length_stats(config, tokenizer, corpus=None, pairs: Optional[int] = None,
     sample = bool(pairs and size and pairs > size)
 
     @_graph_only
-    def count(index, pair):
-        source, target = pair
-        if sample:  # Line i is kept where floor(i * size / pairs) increases.
-            i = index * _COUNT_BATCH + tf.range(tf.size(source, out_type=tf.int64))
-            keep = (i * size) // pairs != ((i + 1) * size) // pairs
-            source, target = tf.boolean_mask(source, keep), tf.boolean_mask(target, keep)
+    def count(source, target):
         blank = tf.strings.regex_full_match(source, _BLANK_LINE) | \
             tf.strings.regex_full_match(target, _BLANK_LINE)
         over_source = tokenizer.tokenize(source).row_lengths() + 1 > data.max_source_length
@@ -120,9 +116,14 @@ def length_stats(config, tokenizer, corpus=None, pairs: Optional[int] = None,
                 blank, kept & over_source, kept & over_target,
                 kept & (over_source | over_target))])
 
-    ds = tf.data.Dataset.zip((tf.data.TextLineDataset(corpus.source),
-                              tf.data.TextLineDataset(corpus.target))).batch(_COUNT_BATCH)
-    ds = ds.enumerate().map(count, num_parallel_calls=tf.data.AUTOTUNE)
+    if sample:
+        numbers = sampled_line_numbers(pairs, size)
+        ds = tf.data.Dataset.from_tensor_slices((read_line_numbers(corpus.source, numbers),
+                                                 read_line_numbers(corpus.target, numbers)))
+    else:
+        ds = tf.data.Dataset.zip((tf.data.TextLineDataset(corpus.source),
+                                  tf.data.TextLineDataset(corpus.target)))
+    ds = ds.batch(_COUNT_BATCH).map(count, num_parallel_calls=tf.data.AUTOTUNE)
     totals = [int(v) for v in ds.reduce(tf.zeros([5], tf.int64), lambda t, c: t + c).numpy()]
     name = corpus_name(corpus) if data.train else "train"
     if not sample:
