@@ -3,8 +3,8 @@
 =================  ============================================================================
 ``wordpiece``      :class:`deep_nmt_tf.data.vocab.Tokenizer`: the package's pre-tokenisation,
                    then tensorflow-text's ``FastWordpieceTokenizer``; ``data.vocab`` is a
-                   vocabulary file (one token per line), learned with the Hugging Face
-                   ``tokenizers`` trainer (or tensorflow-text's learner:
+                   vocabulary file (one token per line), learned from the word counts with
+                   sentencepiece's BPE trainer (or tensorflow-text's learner:
                    ``data.tokenizer.wordpiece.learner``).
 ``sentencepiece``  :class:`SentencePieceTokenizer`: tensorflow-text's
                    ``SentencepieceTokenizer`` on a ``.model`` file (``data.vocab``), learned
