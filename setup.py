@@ -44,6 +44,8 @@ setup(
     install_requires=[
         "tensorflow==2.21.*",
         "tensorflow-text==2.21.*",
+        # SentencePiece models (learning, the Python side) and the default WordPiece learner
+        "sentencepiece>=0.2,<0.3",
         "keras>=3.15,<4",
         "sacrebleu>=2.4,<3",
         "absl-py>=2.1",

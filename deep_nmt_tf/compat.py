@@ -38,6 +38,14 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   two batches, so token batches of other widths later fail.  :func:`allow_variable_batch_shapes`
   gives the adapter a signature with every dimension unknown for datasets that set
   ``variable_batch_shapes = True`` (:class:`deep_nmt_tf.data.batching.TokenBatches`).
+* ``tensorflow_text``'s ``SentencepieceTokenizer._model_resource`` and its
+  ``gen_sentencepiece_tokenizer.sentencepiece_op``: tensorflow-text 2.21 creates the model
+  resource owned by the eager kernel that made it, so it disappears whenever TensorFlow clears
+  its eager kernel cache (``tf.random.set_seed`` does, as ``keras.utils.set_random_seed``):
+  every later tokenisation fails with "Resource ... SentencepieceOp ... does not exist" (the
+  library's own TODO b/318839908).  :func:`sentencepiece_tokenizer` gives the tokenizer a
+  resource under a shared name derived from the model's bytes, kept by TensorFlow's resource
+  manager (and re-created under the same name when a SavedModel is loaded).
 
 Backend gaps (public APIs that lack something on one backend):
 
@@ -72,6 +80,7 @@ __all__ = [
     "register_function_defs",
     "call_function",
     "allow_variable_batch_shapes",
+    "sentencepiece_tokenizer",
 ]
 
 #: Name of Keras 3's TensorFlow-optimizer method that all-reduces gradients in ``apply``.
@@ -92,6 +101,7 @@ HOOKS = (
     f"{_PY_DATASET_ADAPTER}.PyDatasetAdapter.{_OUTPUT_SIGNATURE}",
     "tensorflow.python.eager.context.add_function_def",
     "tensorflow.python.eager.context.call_function",
+    "tensorflow_text.SentencepieceTokenizer._model_resource",
 )
 
 # --------------------------------------------------------------------------------------------
@@ -305,3 +315,31 @@ def allow_variable_batch_shapes() -> None:
 
     get_tf_dataset._deep_nmt_tf = True
     adapter.get_tf_dataset = get_tf_dataset
+
+
+# --------------------------------------------------------------------------------------------
+# tensorflow-text: a SentencePiece model resource that survives a cleared kernel cache
+# --------------------------------------------------------------------------------------------
+
+
+def sentencepiece_tokenizer(model: bytes):
+    """A ``tensorflow_text.SentencepieceTokenizer`` of ``model`` (the ``.model`` file's bytes)
+    whose model resource lives under a shared name (module docstring), so that it outlives
+    ``tf.random.set_seed`` and other clears of the eager kernel cache."""
+    import hashlib
+
+    import tensorflow as tf
+    import tensorflow_text as tf_text
+    from tensorflow_text.python.ops import sentencepiece_tokenizer as sp_ops
+
+    shared_name = "deep_nmt_tf_sentencepiece_" + hashlib.sha256(model).hexdigest()[:24]
+
+    class SharedModelResource(sp_ops._SentencepieceModelResource):
+        def _create_resource(self):
+            with tf.name_scope("SentenceTokenizerInitializer"):
+                return sp_ops.gen_sentencepiece_tokenizer.sentencepiece_op(
+                    model=self._model, shared_name=shared_name)
+
+    tokenizer = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+    tokenizer._model_resource = SharedModelResource(model, None)
+    return tokenizer

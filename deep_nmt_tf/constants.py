@@ -16,3 +16,17 @@ EOS_TOKEN = "</s>"
 UNK_TOKEN = "[UNK]"
 
 RESERVED_TOKENS = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+
+
+def text_ids(ids, vocab_size: int) -> list:
+    """The ids of one sentence that detokenisation turns into text, in plain Python (the rule
+    of every detokenizer): ``<pad>`` and ``<s>`` dropped, nothing from the first ``</s>`` on,
+    ids outside ``[0, vocab_size)`` read as ``[UNK]``."""
+    kept = []
+    for i in ids:
+        i = int(i)
+        if i == EOS_ID:
+            break
+        if i not in (PAD_ID, BOS_ID):
+            kept.append(i if 0 <= i < vocab_size else UNK_ID)
+    return kept

@@ -5,9 +5,9 @@
 - ``config.yaml``: the resolved config (every key, ``model.vocab_size`` filled in), written
   before training starts and rewritten on resume;
 - ``run.json``: metadata: package and version that wrote the run, the vocabulary's file, size
-  and sha256, created and updated times (UTC);
-- ``vocab.txt``: the vocabulary learned from the training data (unless ``data.vocab`` names
-  another file);
+  and sha256, the tokenizer's kind, file and sha256, created and updated times (UTC);
+- ``vocab.txt`` (WordPiece) or ``sentencepiece.model`` (SentencePiece): the tokenizer's file
+  learned from the training data (unless ``data.vocab`` names another file);
 - ``data/``: the synthetic corpus (``data.corpus: synthetic``);
 - ``ckpt-N.*`` and ``checkpoint``: ``tf.train.CheckpointManager`` checkpoints of the custom
   loop (``N`` = step; their contents: :mod:`deep_nmt_tf.checkpointing`), or ``ckpt-N.weights.h5``
@@ -19,8 +19,8 @@
   :func:`deep_nmt_tf.export.export_model_dir`);
 - ``averaged_checkpoints.txt``: in a directory written by checkpoint averaging, the averaged
   checkpoints;
-- ``data_stats.json``: the training corpus' pair counts (empty pairs, pairs over the length
-  limits), cached so that a resumed run need not tokenize the corpus again.
+- ``data_stats.json``: the training corpora's pair counts (empty pairs, pairs over the length
+  limits, per corpus), cached so that a resumed run need not read the corpora again.
 
 :class:`RunDir` resolves every path against the directory as it was given (relative or
 absolute ``--model_dir`` alike).  Data paths of the saved config that point inside the run
@@ -64,7 +64,8 @@ from absl import logging
 from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to_dict,
                                 legacy, save_config)
 
-__all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "DATA_DIRNAME",
+__all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "SENTENCEPIECE_FILENAME",
+           "DATA_DIRNAME",
            "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "AVERAGED_FILENAME",
            "DATA_STATS_FILENAME", "DATA_PATH_KEYS", "RunDir", "RunDirError", "CheckpointError",
            "UNREADABLE_SUFFIX", "set_aside_files", "flatten",
@@ -73,6 +74,7 @@ __all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "DATA_DIRNA
 CONFIG_FILENAME = "config.yaml"
 METADATA_FILENAME = "run.json"
 VOCAB_FILENAME = "vocab.txt"
+SENTENCEPIECE_FILENAME = "sentencepiece.model"
 DATA_DIRNAME = "data"
 TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
@@ -161,6 +163,21 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def _entries(path: str, kind: Optional[str]) -> Optional[int]:
+    """Tokens of a vocabulary file (its lines), or ids of a SentencePiece model (None if it
+    cannot be read)."""
+    if kind == "sentencepiece":
+        from deep_nmt_tf.data.spm import SentencePieceModel
+        from deep_nmt_tf.data.text_io import DataError
+
+        try:
+            return SentencePieceModel(path).vocab_size
+        except DataError:
+            return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return sum(1 for _ in f)
+
+
 class RunDirError(ValueError):
     """A run directory cannot be used as asked (a file, or another run's files would be
     overwritten); the message names the path."""
@@ -238,8 +255,16 @@ class RunDir:
 
     @property
     def default_vocab_path(self) -> str:
-        """``MODEL_DIR/vocab.txt``: where a vocabulary learned for this run goes."""
+        """``MODEL_DIR/vocab.txt``: where a WordPiece vocabulary learned for this run goes."""
         return self.join(VOCAB_FILENAME)
+
+    def default_tokenizer_path(self, config: Config) -> str:
+        """Where the tokenizer's file learned for this run goes: ``MODEL_DIR/vocab.txt``
+        (WordPiece) or ``MODEL_DIR/sentencepiece.model`` (``data.tokenizer.type:
+        sentencepiece``)."""
+        if config.data.tokenizer.type == "sentencepiece":
+            return self.join(SENTENCEPIECE_FILENAME)
+        return self.default_vocab_path
 
     @property
     def data_dir(self) -> str:
@@ -358,12 +383,16 @@ class RunDir:
     def _map_data_paths(self, config: Config, fn) -> Config:
         data = config.data
         paths = {k: fn(getattr(data, k)) for k in DATA_PATH_KEYS}
+        paths["train"] = tuple(dataclasses.replace(c, source=fn(c.source), target=fn(c.target))
+                               for c in data.train)  # data.train: several corpora
         return dataclasses.replace(config, data=dataclasses.replace(data, **paths))
 
     # -- config --------------------------------------------------------------------------------
     def saved_config(self, overrides: Sequence[str] = ()) -> Optional[Config]:
         """The saved ``config.yaml`` with its data paths resolved (:meth:`resolve_path`) and
-        then ``overrides`` applied, or None for a new run directory.
+        then ``overrides`` applied, or None for a new run directory.  A config saved before
+        ``data.tokenizer`` existed reads as WordPiece learned by tensorflow-text (what such a
+        run used).
 
         Raises:
           ConfigError: the file is no longer a valid config (e.g. written by an older version).
@@ -380,9 +409,16 @@ class RunDir:
                          path, len(moved))
         section = data.get("data")
         if isinstance(section, dict):
+            # Written before data.tokenizer existed: WordPiece, learned by tensorflow-text.
+            section.setdefault("tokenizer", {"type": "wordpiece",
+                                             "wordpiece": {"learner": "tensorflow_text"}})
             for key in DATA_PATH_KEYS:
                 if isinstance(section.get(key), str):
                     section[key] = self.resolve_path(section[key])
+            for corpus in section.get("train") or ():
+                for key in ("source", "target"):
+                    if isinstance(corpus, dict) and isinstance(corpus.get(key), str):
+                        corpus[key] = self.resolve_path(corpus[key])
         try:
             return config_from_dict(data, source=path, overrides=overrides)
         except ConfigError as e:
@@ -414,13 +450,21 @@ class RunDir:
 
         Raises:
           ConfigError: the ``model`` section differs from the saved one (naming the keys, with
-            the old and new values), or the vocabulary this config would use (:meth:`vocab_path`)
-            is not the one ``run.json`` records (:meth:`check_vocab`): refused before the data is
+            the old and new values), the tokenizer type is not the one ``run.json`` records,
+            or the vocabulary this config would use (:meth:`vocab_path`) is not the one
+            ``run.json`` records (:meth:`check_vocab`): refused before the data is
             prepared, so nothing in the run directory changes.
         """
         previous = self.saved_config()
         if previous is None:
             return None
+        trained = self.tokenizer_record().get("kind") if self.metadata() else None
+        if trained and trained != config.data.tokenizer.type:
+            raise ConfigError(
+                f"{config.source}: data.tokenizer.type: {config.data.tokenizer.type!r}, but "
+                f"this model directory was trained with a {trained} tokenizer "
+                f"({self.metadata_path}). Use a new --model_dir, or set data.tokenizer.type: "
+                f"{trained}.")
         try:
             self.check_vocab(self.vocab_path(config), config.source)
         except FileNotFoundError:  # None yet: data preparation learns or reports it.
@@ -472,8 +516,8 @@ class RunDir:
 
     # -- vocabulary ------------------------------------------------------------------------------
     def vocab_path(self, config: Config) -> str:
-        """The vocabulary file of this run: ``data.vocab`` if it exists (also tried inside the
-        run directory), else ``MODEL_DIR/vocab.txt``.
+        """The vocabulary (tokenizer) file of this run: ``data.vocab`` if it exists (also tried
+        inside the run directory), else :meth:`default_tokenizer_path`.
 
         Raises:
           FileNotFoundError: none of them exists.
@@ -483,7 +527,7 @@ class RunDir:
             candidates.append(config.data.vocab)
             if not os.path.isabs(config.data.vocab):
                 candidates.append(self.join(config.data.vocab))
-        candidates.append(self.default_vocab_path)
+        candidates.append(self.default_tokenizer_path(config))
         for path in candidates:
             if os.path.exists(path):
                 return path
@@ -493,9 +537,18 @@ class RunDir:
         path = config.data.vocab
         if not path or not os.path.exists(path):
             return None
-        with open(path, encoding="utf-8") as f:
-            size = sum(1 for _ in f)
+        size = _entries(path, config.data.tokenizer.type)
         return {"file": self.stored_path(path), "size": size, "sha256": file_sha256(path)}
+
+    def tokenizer_record(self) -> Dict[str, Any]:
+        """The tokenizer ``run.json`` records: ``kind`` (``wordpiece``, ``sentencepiece``),
+        ``file`` and ``sha256``; a run written before the record existed is WordPiece with its
+        ``vocab`` record's file."""
+        meta = self.metadata()
+        if meta.get("tokenizer"):
+            return dict(meta["tokenizer"])
+        vocab = meta.get("vocab") or {}
+        return {"kind": "wordpiece", "file": vocab.get("file"), "sha256": vocab.get("sha256")}
 
     def check_vocab(self, path: str, source: str = "") -> None:
         """Raises ConfigError if the vocabulary file ``path`` is not the one ``run.json``
@@ -511,8 +564,7 @@ class RunDir:
         digest = file_sha256(path)
         if digest == recorded["sha256"]:
             return
-        with open(path, encoding="utf-8", errors="replace") as f:
-            size = sum(1 for _ in f)
+        size = _entries(path, self.tokenizer_record().get("kind"))
         trained = self.resolve_path(recorded.get("file") or "") or "?"
         prefix = f"{source}: " if source else ""
         raise ConfigError(
@@ -555,9 +607,12 @@ class RunDir:
         from deep_nmt_tf import __version__
 
         now = _now()
+        vocab = self._vocab_record(config)
+        tokenizer = vocab and {"kind": config.data.tokenizer.type, "file": vocab["file"],
+                               "sha256": vocab["sha256"]}
         meta = {"package": "deep_nmt_tf", "version": __version__,
                 "created": self.metadata().get("created", now), "updated": now,
-                "vocab": self._vocab_record(config)}
+                "vocab": vocab, "tokenizer": tokenizer}
         tmp = self.metadata_path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)

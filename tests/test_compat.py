@@ -189,6 +189,22 @@ def test_function_def_hooks():
         assert out.numpy().tolist() == [4.0, 5.0]
 
 
+def test_sentencepiece_model_resource_hook(tmp_path):
+    import sentencepiece
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(["the cat sat on the mat", "a dog ran far away"] * 20) + "\n")
+    sentencepiece.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "m"),
+                                             vocab_size=20, minloglevel=2)
+    model = (tmp_path / "m.model").read_bytes()
+    with hook("tensorflow_text.SentencepieceTokenizer._model_resource"):
+        tokenizer = compat.sentencepiece_tokenizer(model)
+        want = tokenizer.tokenize(["the cat ran"]).to_list()
+        tf.random.set_seed(7)  # clears the eager kernel cache
+        assert tokenizer.tokenize(["the cat ran"]).to_list() == want
+        assert tokenizer.detokenize(tf.ragged.constant(want)).numpy().tolist() == [b"the cat ran"]
+
+
 def test_private_hooks_only_in_compat():
     offenders = []
     for top in ("deep_nmt_tf", "tools"):

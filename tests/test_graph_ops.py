@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from flat_config import model_config
+from config_trees import model_config, transformer
 from deep_nmt_tf.export.graph_ops import (CATEGORIES, count_step_ops, format_step_ops,
                                           loop_body_ops, trace_search)
 from deep_nmt_tf.models import build_model
@@ -19,8 +19,7 @@ GREEDY_CEILING = 428
 @pytest.fixture(scope="module")
 def base():
     # The vocabulary size changes no op count (only constants' sizes): a small one is faster.
-    return build_model(model_config(vocab_size=64, d_model=512, num_heads=8, ffn_dim=2048,
-                                    encoder_layers=6, decoder_layers=6, norm="post"))
+    return build_model(model_config(transformer(64, 512, 8, 2048, 6, 6, norm="post")))
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +58,13 @@ def test_parts_of_the_step(base_counts):
 def test_counts_follow_the_model(base_counts):
     """A deeper decoder adds one layer's ops per layer; bfloat16 adds casts (LayerNorm and
     softmax statistics in float32), no other op."""
-    small = build_model(model_config(vocab_size=64, d_model=16, num_heads=2, ffn_dim=32,
-                                     encoder_layers=1, decoder_layers=2, norm="post"))
+    small = build_model(model_config(transformer(64, 16, 2, 32, 1, 2, norm="post")))
     two = count_step_ops(small, beam_size=4, batch_size=2, source_length=4, max_length=4)
     per_layer = base_counts[4].by_part["layer_0"]
     assert two.by_part == {"layer_0": per_layer, "layer_1": per_layer,
                            "decoder": base_counts[4].by_part["decoder"],
                            "search": two.by_part["search"]}
-    half = build_model(model_config(vocab_size=64, d_model=16, num_heads=2, ffn_dim=32,
-                                    encoder_layers=1, decoder_layers=2, norm="post"),
+    half = build_model(model_config(transformer(64, 16, 2, 32, 1, 2, norm="post")),
                        dtype="bfloat16")
     counts = count_step_ops(half, beam_size=4, batch_size=2, source_length=4, max_length=4)
     assert counts.label == "beam4 bfloat16"

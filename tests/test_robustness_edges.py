@@ -43,10 +43,10 @@ HOST = socket.gethostname()
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """A trained run directory (ckpt-2, ckpt-4) of ``RUN``."""
-    from deep_nmt_tf.training import Trainer
+    from deep_nmt_tf.training import Runner
 
     run = str(tmp_path_factory.mktemp("edges") / "run")
-    Trainer(config_from_dict(RUN, source="<edges run>"), run).train()
+    Runner(config_from_dict(RUN, source="<edges run>"), run).run()
     return run
 
 

@@ -3,7 +3,7 @@ r"""Trains a model (thin wrapper around :class:`deep_nmt_tf.training.Runner`, wh
 
     deep-nmt-train --config=configs/demo.yaml --model_dir=runs/demo \
         [--override=training.train_steps=3000 ...] [--strategy=mirrored] \
-        [--checkpoint_data_iterator]
+        [--nocheckpoint_data_iterator]
 
 Running the same command again continues from the newest checkpoint in ``--model_dir`` that
 can be read (a killed run resumes exactly; damaged or missing newer checkpoints are skipped with
@@ -55,9 +55,10 @@ define_flags([
     (flags.DEFINE_multi_string, "override", [],
      "Config override KEY=VALUE, e.g. training.train_steps=100 (repeatable)."),
     (flags.DEFINE_string, "tpu", None, "TPU name or grpc:// address (--strategy=tpu)."),
-    (flags.DEFINE_bool, "checkpoint_data_iterator", False,
+    (flags.DEFINE_bool, "checkpoint_data_iterator", True,
      "Save the tf.data iterator (with its shuffle buffer) in every checkpoint, so that a "
-     "resumed run need not re-read the consumed training batches (default strategy only)."),
+     "resumed run need not re-read the consumed training batches (default strategy only; "
+     "--nocheckpoint_data_iterator re-reads them instead)."),
     (flags.DEFINE_enum, "strategy", "default", _STRATEGIES, "tf.distribute strategy."),
     (flags.DEFINE_float, "worker_timeout", 0.0,
      "--strategy=multi_worker: seconds without a heartbeat after which a worker counts as lost "

@@ -173,7 +173,7 @@ def probe_model(model_dir: str, source: Optional[str] = None, target: Optional[s
     """
     from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.data.pipeline import make_eval_dataset
-    from deep_nmt_tf.inference.translator import build_tokenizer
+    from deep_nmt_tf.data.tokenizers import build_tokenizer
     from deep_nmt_tf.models import build_model
     from deep_nmt_tf.run_dir import RunDir
 

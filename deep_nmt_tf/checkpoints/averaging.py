@@ -136,7 +136,7 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     if os.path.exists(state):
         os.remove(state)
     vocab_src = source.vocab_path(config)
-    vocab_dst = target.default_vocab_path
+    vocab_dst = target.default_tokenizer_path(config)
     if os.path.abspath(vocab_src) != os.path.abspath(vocab_dst):
         shutil.copyfile(vocab_src, vocab_dst)
     target.write_config(dataclasses.replace(config, data=dataclasses.replace(

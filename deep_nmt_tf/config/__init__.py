@@ -38,19 +38,23 @@ from deep_nmt_tf.config.model_schema import (DECODER_TYPES, ENCODER_TYPES,
                                              TransformerEncoderOptions,
                                              TransparentAttentionConfig)
 from deep_nmt_tf.config.reference import config_reference_markdown, describe_config
-from deep_nmt_tf.config.rules import SearchOptionsError, check_search_options, component_types
-from deep_nmt_tf.config.schema import (SCHEDULE_TYPES, AdaptiveClippingConfig, Config,
-                                       ConstantScheduleOptions, DataConfig, DecodingConfig,
-                                       InverseSqrtScheduleOptions, RNMTPlusScheduleOptions,
-                                       ScheduleConfig, TrainingConfig,
-                                       TransformerScheduleOptions, WarmStartConfig)
+from deep_nmt_tf.config.rules import (SearchOptionsError, check_search_options, component_types,
+                                      corpus_name)
+from deep_nmt_tf.config.schema import (SCHEDULE_TYPES, TOKENIZER_TYPES, AdaptiveClippingConfig,
+                                       Config, ConstantScheduleOptions, CorpusConfig,
+                                       DataConfig, DecodingConfig, InverseSqrtScheduleOptions,
+                                       RNMTPlusScheduleOptions, ScheduleConfig,
+                                       SentencePieceOptions, TokenizerConfig, TrainingConfig,
+                                       TransformerScheduleOptions, WarmStartConfig,
+                                       WordPieceOptions)
 
 __all__ = [
     "ConfigError", "OneOf", "Registry", "field", "operational_keys", "SearchOptionsError",
     "check_search_options",
     "Config", "ModelConfig", "DataConfig", "TrainingConfig", "DecodingConfig",
     "EncoderConfig", "DecoderConfig", "ScheduleConfig",
-    "ENCODER_TYPES", "DECODER_TYPES", "SCHEDULE_TYPES",
+    "ENCODER_TYPES", "DECODER_TYPES", "SCHEDULE_TYPES", "TOKENIZER_TYPES",
+    "TokenizerConfig", "WordPieceOptions", "SentencePieceOptions", "CorpusConfig",
     "TransformerEncoderOptions", "TransformerDecoderOptions", "RNMTPlusEncoderOptions",
     "RNMTPlusDecoderOptions", "CascadedEncoderOptions", "MultiColumnEncoderOptions",
     "DLCLOptions", "EncoderShortcutOptions", "DecoderShortcutOptions",
@@ -59,7 +63,7 @@ __all__ = [
     "RNMTPlusScheduleOptions",
     "load_config", "config_from_dict", "config_to_dict", "save_config",
     "require_training_data", "describe_config", "config_reference_markdown",
-    "component_types",
+    "component_types", "corpus_name",
 ]
 
 
@@ -70,9 +74,9 @@ def require_training_data(cfg: Config):
     describing only a model (e.g. ``configs/transformer_base.yaml``) loads and builds.
     """
     d = cfg.data
-    if d.corpus == "files":
+    if d.corpus == "files" and not d.train:
         for key in ("train_source", "train_target"):
             if not getattr(d, key):
                 raise ConfigError(f"{cfg.source}: data.{key}: required when data.corpus is "
-                                  f"'files' (give --override=data.{key}=PATH, or set "
-                                  f"data.corpus: synthetic)")
+                                  f"'files' (give --override=data.{key}=PATH, list corpora "
+                                  f"under data.train, or set data.corpus: synthetic)")

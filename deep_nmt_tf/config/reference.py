@@ -47,6 +47,9 @@ def describe_config(cls=Config, prefix: str = "") -> List[Tuple[str, Any, str]]:
             if f.metadata.get("choices"):
                 help_ += f" One of: {', '.join(map(str, f.metadata['choices']))}."
             rows.append((key, default, help_))
+            item = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
+            if dataclasses.is_dataclass(item):  # a list of sections: the keys of each entry
+                rows.extend(describe_config(item, f"{key}[]."))
     return rows
 
 

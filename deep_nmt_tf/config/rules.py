@@ -14,6 +14,7 @@ method
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Optional
 
 from deep_nmt_tf.config.fields import ConfigError, OneOf
@@ -23,7 +24,8 @@ from deep_nmt_tf.config.model_schema import (CascadedEncoderOptions, DLCLOptions
                                              TransformerEncoderOptions)
 from deep_nmt_tf.config.schema import Config, RNMTPlusScheduleOptions
 
-__all__ = ["validate", "component_types", "SearchOptionsError", "check_search_options"]
+__all__ = ["validate", "component_types", "SearchOptionsError", "check_search_options",
+           "corpus_name"]
 
 Fail = Callable[[str, str], None]
 
@@ -215,10 +217,39 @@ def _data(d, fail: Fail, given: Callable[[str], bool]) -> None:
                     fail(key, "set, but data.corpus is 'synthetic' (the built-in corpus, "
                          "written under MODEL_DIR/data, replaces it); remove it, or set "
                          "data.corpus: files to train on your files")
+    if d.train:
+        _corpora(d, fail, given)
     if bool(d.dev_source) != bool(d.dev_target):
         fail("data.dev_source", "dev_source and dev_target must be given together")
     if bool(d.test_source) != bool(d.test_target):
         fail("data.test_source", "test_source and test_target must be given together")
+
+
+def _corpora(d, fail: Fail, given: Callable[[str], bool]) -> None:
+    """``data.train``: a list of corpora, instead of (not beside) train_source/train_target."""
+    if d.corpus == "synthetic" and given("data.train"):
+        fail("data.train", "set, but data.corpus is 'synthetic' (the built-in corpus replaces "
+             "it); remove it, or set data.corpus: files")
+    for key in ("data.train_source", "data.train_target"):
+        if getattr(d, key.split(".")[1]):
+            fail(key, "set together with data.train: give one corpus with train_source / "
+                 "train_target, or a list of corpora with data.train, not both")
+    names = {}
+    for i, corpus in enumerate(d.train):
+        for side in ("source", "target"):
+            if not getattr(corpus, side):
+                fail(f"data.train[{i}].{side}", "required (every corpus of data.train has a "
+                     "source and a target file)")
+        name = corpus_name(corpus)
+        if name in names:
+            fail(f"data.train[{i}].name", f"{name!r} names data.train[{names[name]}] too (set "
+                 "a distinct name for each corpus)")
+        names[name] = i
+
+
+def corpus_name(corpus) -> str:
+    """The name of a corpus of ``data.train`` in logs: its ``name``, else its source file's."""
+    return corpus.name or os.path.basename(corpus.source)
 
 
 def _training(cfg: Config, fail: Fail) -> None:

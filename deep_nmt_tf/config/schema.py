@@ -17,12 +17,16 @@ from deep_nmt_tf.config.model_schema import ModelConfig
 __all__ = [
     "SCHEDULE_TYPES", "ScheduleConfig", "TransformerScheduleOptions",
     "InverseSqrtScheduleOptions", "ConstantScheduleOptions", "RNMTPlusScheduleOptions",
-    "DataConfig", "AdaptiveClippingConfig", "WarmStartConfig", "TrainingConfig",
+    "TOKENIZER_TYPES", "TokenizerConfig", "WordPieceOptions", "SentencePieceOptions",
+    "CorpusConfig", "DataConfig", "AdaptiveClippingConfig", "WarmStartConfig", "TrainingConfig",
     "DecodingConfig", "Config",
 ]
 
 SCHEDULE_TYPES = Registry("learning-rate schedule", "training.schedule",
                           "deep_nmt_tf.task.schedules.register_schedule(name, options=...)")
+TOKENIZER_TYPES = Registry("tokenizer", "data.tokenizer",
+                           "deep_nmt_tf.config.TOKENIZER_TYPES.register(name, options) and a "
+                           "builder in deep_nmt_tf.data.tokenizers")
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,6 +93,54 @@ SCHEDULE_TYPES.register("rnmt_plus", RNMTPlusScheduleOptions)
 
 
 @dataclasses.dataclass
+class WordPieceOptions:
+    """WordPiece (tensorflow-text's ``FastWordpieceTokenizer``) after the package's own
+    pre-tokenisation (:mod:`deep_nmt_tf.data.vocab`); the vocabulary is a text file, one token
+    per line, the reserved tokens first."""
+    learner: str = field("sentencepiece", "How a missing vocabulary is learned from the word "
+                         "counts: 'sentencepiece' (its BPE trainer, converted to ## pieces: "
+                         "seconds for 1M sentences, deterministic) or 'tensorflow_text' "
+                         "(tensorflow-text's Python learner, the learner of deep_nmt_tf 0.2 "
+                         "and before: minutes).", choices=("sentencepiece", "tensorflow_text"))
+
+
+@dataclasses.dataclass
+class SentencePieceOptions:
+    """SentencePiece (Kudo and Richardson 2018) through tensorflow-text's
+    ``SentencepieceTokenizer``: the model file (``.model``) is learned with the sentencepiece
+    package, or an existing one is used as it is (its control pieces are mapped onto the
+    reserved ids)."""
+    model_type: str = field("unigram", "Model learned when data.vocab is missing: 'unigram' "
+                            "(Kudo 2018) or 'bpe'.", choices=("unigram", "bpe"))
+    character_coverage: float = field(1.0, "Share of the characters of the sample the learned "
+                                      "model covers (rarer ones become [UNK]; sentencepiece "
+                                      "suggests 0.9995 for scripts with many characters).",
+                                      min=0.0, max=1.0, min_exclusive=True)
+
+
+class TokenizerConfig(OneOf):
+    """``data.tokenizer``: ``type`` and one option section per tokenizer."""
+    registry = TOKENIZER_TYPES
+    default_type = "wordpiece"
+
+
+TOKENIZER_TYPES.register("wordpiece", WordPieceOptions)
+TOKENIZER_TYPES.register("sentencepiece", SentencePieceOptions)
+
+
+@dataclasses.dataclass
+class CorpusConfig:
+    """One training corpus of ``data.train``."""
+    source: str = field("", "Source text, one sentence per line.")
+    target: str = field("", "Target text, aligned with source.")
+    weight: float = field(1.0, "Sampling weight: a training pair comes from this corpus with "
+                          "probability weight / (the sum of the weights), counted after empty "
+                          "and over-long pairs are dropped.", min=0.0, min_exclusive=True)
+    name: str = field("", "Name in the log and data_stats.json (default: the source file's "
+                      "name).")
+
+
+@dataclasses.dataclass
 class DataConfig:
     corpus: str = field("files", "'files': the paths below; 'synthetic': the built-in corpus "
                         "(written under MODEL_DIR/data).", choices=("files", "synthetic"))
@@ -98,22 +150,31 @@ class DataConfig:
     synthetic_seed: int = field(1234, "Synthetic corpus: generator seed.")
     # Where the data lies does not change what a run computes (its contents do: the vocabulary's
     # sha256 and the resolved config's sizes are compared instead).
-    train_source: str = field("", "Training source text, one sentence per line.",
-                              affects_results=False)
+    train_source: str = field("", "Training source text, one sentence per line (one corpus; "
+                              "several, with weights: train).", affects_results=False)
     train_target: str = field("", "Training target text, aligned with train_source.",
                               affects_results=False)
+    train: Tuple[CorpusConfig, ...] = field((), "Training corpora, a list of {source, target, "
+                                            "weight, name}: each pair is drawn from corpus i "
+                                            "with probability weight_i / sum of the weights; "
+                                            "instead of train_source / train_target.")
     dev_source: str = field("", "Dev source (validation loss and BLEU); optional.",
                             affects_results=False)
     dev_target: str = field("", "Dev target reference.", affects_results=False)
     test_source: str = field("", "Test source (tools/evaluate.py default); optional.",
                              affects_results=False)
     test_target: str = field("", "Test target reference.", affects_results=False)
-    vocab: str = field("", "Shared WordPiece vocabulary file; empty = MODEL_DIR/vocab.txt "
-                       "(learned from the training data if missing).", affects_results=False)
+    tokenizer: TokenizerConfig = field(TokenizerConfig(), "Tokenizer: type and options.")
+    vocab: str = field("", "The tokenizer's shared file: a WordPiece vocabulary (one token per "
+                       "line) or a SentencePiece .model; empty = MODEL_DIR/vocab.txt or "
+                       "MODEL_DIR/sentencepiece.model (learned from the training data if "
+                       "missing).", affects_results=False)
     vocab_size: int = field(8000, "Target size when learning the vocabulary.", min=16)
-    vocab_min_count: int = field(10, "Least count of a word or piece that the vocabulary "
-                                 "learner keeps (tensorflow-text's lower_thresh): a small "
-                                 "corpus reaches vocab_size only with a lower value.", min=1)
+    vocab_min_count: int = field(10, "WordPiece: least count of a word that pieces are learned "
+                                 "from (sentencepiece learner; every character is kept) or of a "
+                                 "piece the learner keeps (tensorflow_text's lower_thresh): a "
+                                 "small corpus reaches vocab_size only with a lower value.",
+                                 min=1)
     vocab_sample_size: int = field(1000000, "Learn the vocabulary from at most this many "
                                    "training lines (source and target together, spread evenly "
                                    "over the files; the sample size is logged); 0 = all.",
@@ -126,6 +187,20 @@ class DataConfig:
     shuffle_buffer: int = field(100000, "Examples in the shuffle buffer.", min=1)
     num_buckets: int = field(16, "Length buckets for token-based batching.", min=1)
     max_dev_sentences: int = field(0, "Use at most this many dev pairs (0 = all).", min=0)
+    length_stats_sample_size: int = field(100000, "Count the training pairs over the length "
+                                          "limits on at most this many pairs of each corpus, "
+                                          "spread evenly over it (the counts of a larger corpus "
+                                          "are estimates, marked so in the log and "
+                                          "data_stats.json); 0 = all.", min=0)
+
+    def training_corpora(self) -> Tuple[CorpusConfig, ...]:
+        """The training corpora: ``train``, or one corpus of ``train_source`` /
+        ``train_target`` named ``train`` (none when neither is set)."""
+        if self.train:
+            return tuple(self.train)
+        if not self.train_source and not self.train_target:
+            return ()
+        return (CorpusConfig(self.train_source, self.train_target, 1.0, "train"),)
 
 
 @dataclasses.dataclass

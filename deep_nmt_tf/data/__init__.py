@@ -3,7 +3,12 @@
 Modules:
   synthetic: deterministic toy language pair (``generate_pairs``, ``write_corpus``).
   text_io: streaming checks of parallel text files (``check_parallel``, ``DataError``).
-  vocab: vocabulary learning/loading and the in-graph ``Tokenizer`` (tensorflow-text).
+  vocab: WordPiece vocabulary learning/loading and the in-graph ``Tokenizer``
+    (tensorflow-text).
+  spm: SentencePiece models without TensorFlow (learning, the id map, Python encode/decode).
+  tokenizers: the in-graph ``SentencePieceTokenizer`` and ``build_tokenizer`` (the tokenizer
+    ``data.tokenizer`` names).
+  preparation: ``prepare_data`` (corpus checks, tokenizer file, per-corpus length counts).
   pipeline: ``prepare_data``, ``make_train_dataset``, ``make_eval_dataset`` ...
   token_ids: token-id files (``TokenIds``, written by ``deep-nmt-preprocess``) and the
     pure-Python ``Detokenizer``.
@@ -11,9 +16,9 @@ Modules:
     ``keras.utils.PyDataset`` s for ``fit`` on any backend.
   preprocess: ``preprocess_run`` (tokenise a run's corpus into token-id files).
 
-``synthetic``, ``text_io``, ``token_ids`` and ``batching`` do not import TensorFlow; the names
-from the other modules (and ``batching``, which imports Keras) are imported on first use, so
-``from deep_nmt_tf.data import DataError`` stays cheap.
+``synthetic``, ``text_io``, ``spm``, ``token_ids`` and ``batching`` do not import TensorFlow;
+the names from the other modules (and ``batching``, which imports Keras) are imported on first
+use, so ``from deep_nmt_tf.data import DataError`` stays cheap.
 """
 
 import importlib
@@ -23,6 +28,8 @@ from deep_nmt_tf.data.text_io import DataError, ParallelStats, check_parallel, c
 
 _LAZY = {
     "Tokenizer": "vocab",
+    "SentencePieceTokenizer": "tokenizers",
+    "build_tokenizer": "tokenizers",
     "build_vocab": "vocab",
     "learn_vocab": "vocab",
     "load_vocab": "vocab",
@@ -50,6 +57,8 @@ __all__ = [
     "write_corpus",
     # Lazy (TensorFlow):
     "Tokenizer",
+    "SentencePieceTokenizer",
+    "build_tokenizer",
     "build_vocab",
     "learn_vocab",
     "load_vocab",

@@ -13,6 +13,12 @@ read in a new random order on each pass over the corpus (seeded by ``training.se
 pass), pairs left in a bucket at the end of a pass stay there for the next one (the pipeline's
 ``repeat`` before ``bucket_by_sequence_length``), and the stream of batches never ends.
 
+Several corpora (``data.train``; a ``train.npz`` that lists them, written by
+``deep-nmt-preprocess``): each corpus is read in its own random order (a new one on each of
+its passes), and every pair is drawn from corpus ``i`` with probability ``weight_i /
+sum(weights)``, as ``tf.data``'s ``sample_from_datasets`` does in the pipeline; the weights are
+the config's (``data.train``, matched by name), else the file's.
+
 Shapes.  With ``static_shapes`` (the default on JAX and PyTorch, and with
 ``training.jit_compile``) every batch of a bucket has the same shape ``[B_u, u]``: rows padded
 to ``u`` as ``pad_to_bucket_boundary`` does, so a compiled step is traced once per bucket.
@@ -36,13 +42,16 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import keras
 import numpy as np
+from absl import logging
 
 from deep_nmt_tf import compat
+from deep_nmt_tf.config import corpus_name
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.token_ids import TokenIds
 
@@ -50,6 +59,7 @@ __all__ = ["bucket_upper_bounds", "bucket_batch_sizes", "TokenBatches", "EvalBat
 
 _MIN_BUCKET_LENGTH = 8
 _KEEP_BEHIND = 256  # Batches of the plan kept behind the newest one requested.
+_DRAWS = 4096  # Corpus choices drawn at a time (several corpora).
 
 
 def bucket_upper_bounds(max_length: int, num_buckets: int) -> List[int]:
@@ -147,6 +157,12 @@ class _Examples:
         return int(self.source_length[indices].sum() + self.target_length[indices].sum())
 
 
+def _passes(indices: np.ndarray, seed: int, corpus: int) -> Iterator[int]:
+    """One corpus' pairs, endlessly, in a new random order on each pass."""
+    for epoch in itertools.count():
+        yield from np.random.default_rng([seed, epoch, corpus + 1]).permutation(indices).tolist()
+
+
 class TokenBatches(_VariableShapes):
     """Endless, shuffled, length-bucketed token batches for ``fit`` (module docstring).
 
@@ -162,26 +178,47 @@ class TokenBatches(_VariableShapes):
       static_shapes: pad rows to the bucket bound (default: on JAX and PyTorch).
       batch_size_multiple: every batch size a multiple of this (the number of devices under
         ``keras.distribution.DataParallel``).
+      weights: the sampling weight of each corpus the file lists (default: the file's).
       **kwargs: ``keras.utils.PyDataset`` arguments (``workers``, ``use_multiprocessing``,
         ``max_queue_size``).
 
+    Attributes:
+      corpora: ``(name, weight, pairs, dropped)`` of each corpus (one, ``train``, for a file
+        that lists none).
+
     Raises:
-      ValueError: no pair is short enough (the message gives the limits).
+      ValueError: no pair (of a corpus) is short enough (the message gives the limits).
     """
 
     def __init__(self, data: TokenIds, batch_tokens: int, max_source_length: int,
                  max_target_length: int, num_buckets: int, seed: int, num_batches: int,
                  start: int = 0, static_shapes: Optional[bool] = None,
-                 batch_size_multiple: int = 1, **kwargs):
+                 batch_size_multiple: int = 1, weights: Optional[Sequence[float]] = None,
+                 **kwargs):
         super().__init__(**kwargs)
         if num_batches < 1:
             raise ValueError(f"num_batches must be >= 1, got {num_batches}")
         self.examples = _Examples(data, max_source_length, max_target_length, truncate=False)
         self.indices = np.flatnonzero(self.examples.keep)
-        if not len(self.indices):
-            raise ValueError(f"no training pair has at most {max_source_length} source and "
-                             f"{max_target_length} target tokens (</s>, <s> included) and a "
-                             f"non-empty side ({len(data)} pairs)")
+        listed = data.info.get("corpora") or [{"name": "train", "weight": 1.0,
+                                               "pairs": len(data)}]
+        weights = list(weights) if weights is not None else [c["weight"] for c in listed]
+        if len(weights) != len(listed):
+            raise ValueError(f"{len(weights)} weights for the {len(listed)} corpora of the file")
+        ends = np.cumsum([c["pairs"] for c in listed])
+        self.corpus_indices = np.split(self.indices, np.searchsorted(self.indices, ends[:-1]))
+        self.corpora = [(c["name"], float(w), int(c["pairs"]), int(c["pairs"]) - len(kept))
+                        for c, w, kept in zip(listed, weights, self.corpus_indices)]
+        for (name, _, pairs, _), kept in zip(self.corpora, self.corpus_indices):
+            where = f"of corpus {name!r} " if len(listed) > 1 else ""
+            if not len(kept):
+                raise ValueError(f"no training pair {where}has at most {max_source_length} "
+                                 f"source and {max_target_length} target tokens (</s>, <s> "
+                                 f"included) and a non-empty side ({pairs} pairs)")
+        if len(listed) > 1:
+            for name, weight, pairs, dropped in self.corpora:
+                logging.info("corpus %s: %d pairs, %d dropped (an empty side, or over the "
+                             "length limits), weight %g", name, pairs, dropped, weight)
         self.num_dropped = len(data) - len(self.indices)
         self.bounds = bucket_upper_bounds(max(max_source_length, max_target_length),
                                           num_buckets)
@@ -208,21 +245,37 @@ class TokenBatches(_VariableShapes):
         d, t = config.data, config.training
         if static_shapes is None:
             static_shapes = _default_static_shapes(t.jit_compile)
+        listed = [c["name"] for c in data.info.get("corpora") or ()]
+        configured = {corpus_name(c): c.weight for c in d.train}
+        weights = None
+        if listed and set(configured) == set(listed):  # The config's (maybe changed) weights.
+            weights = [configured[name] for name in listed]
         return cls(data, t.batch_tokens, d.max_source_length, d.max_target_length,
                    d.num_buckets, t.seed, num_batches, start=start, static_shapes=static_shapes,
-                   batch_size_multiple=batch_size_multiple, **kwargs)
+                   batch_size_multiple=batch_size_multiple, weights=weights, **kwargs)
+
+    def _order(self) -> Iterator[int]:
+        """The pairs in the order they enter the buckets (module docstring)."""
+        seed = self.seed & 0xFFFFFFFF
+        if len(self.corpora) == 1:
+            for epoch in range(1 << 62):
+                yield from np.random.default_rng([seed, epoch]).permutation(
+                    self.indices).tolist()
+        orders = [_passes(indices, seed, c) for c, indices in enumerate(self.corpus_indices)]
+        weights = np.asarray([w for _, w, _, _ in self.corpora], np.float64)
+        draws = np.random.default_rng([seed, 1 << 40])
+        while True:
+            for c in draws.choice(len(orders), size=_DRAWS, p=weights / weights.sum()).tolist():
+                yield next(orders[c])
 
     def _batches(self) -> Iterator[Tuple[int, np.ndarray]]:
         pending: List[List[int]] = [[] for _ in self.bounds]
-        for epoch in range(1 << 62):
-            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, epoch])
-            order = rng.permutation(self.indices)
-            for i in order.tolist():
-                bucket = int(self.bucket[i])
-                pending[bucket].append(i)
-                if len(pending[bucket]) == self.batch_sizes[bucket]:
-                    yield bucket, np.asarray(pending[bucket], np.int64)
-                    pending[bucket] = []
+        for i in self._order():
+            bucket = int(self.bucket[i])
+            pending[bucket].append(i)
+            if len(pending[bucket]) == self.batch_sizes[bucket]:
+                yield bucket, np.asarray(pending[bucket], np.int64)
+                pending[bucket] = []
 
     def plan(self, index: int) -> Tuple[int, np.ndarray]:
         """``(bucket, pair indices)`` of batch ``index`` of the stream (0 = the first)."""

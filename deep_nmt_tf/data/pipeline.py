@@ -1,4 +1,5 @@
-"""tf.data input pipelines and corpus/vocabulary preparation.
+"""tf.data input pipelines (and, re-exported from :mod:`deep_nmt_tf.data.preparation`, corpus
+and tokenizer preparation).
 
 Batches are dicts of int32 tensors padded with ``PAD_ID`` (docs/DESIGN.md, "Batches"):
 
@@ -17,7 +18,7 @@ example in the batch.
 Typical use::
 
     config = prepare_data(config, model_dir)       # corpus checks, synthetic data, vocabulary
-    tokenizer = Tokenizer.from_config(config)
+    tokenizer = build_tokenizer(config)            # deep_nmt_tf.data.tokenizers
     train = make_train_dataset(config, tokenizer)  # endless, shuffled, token-batched
     # or, one pipeline per worker/replica:
     train = strategy.distribute_datasets_from_function(train_dataset_fn(config, tokenizer))
@@ -26,19 +27,16 @@ Typical use::
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, Optional
 
 import tensorflow as tf
-from absl import logging
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
-from deep_nmt_tf.data import synthetic
 from deep_nmt_tf.data.batching import bucket_batch_sizes, bucket_upper_bounds
-from deep_nmt_tf.data.text_io import DataError, check_parallel, describe_stats
-from deep_nmt_tf.data.vocab import WHITESPACE_CHAR, Tokenizer, build_vocab, vocab_size
-from deep_nmt_tf.run_dir import VOCAB_FILENAME, RunDir, file_sha256
+from deep_nmt_tf.data.preparation import (LengthStats, check_lengths, length_stats,
+                                          prepare_data, training_files)
+from deep_nmt_tf.data.text_io import DataError
+from deep_nmt_tf.data.vocab import WHITESPACE_CHAR, Tokenizer
 
 __all__ = [
     "LengthStats",
@@ -52,6 +50,7 @@ __all__ = [
     "make_eval_dataset",
     "make_dev_dataset",
     "prepare_data",
+    "training_files",
 ]
 
 # Empty or whitespace only, as text_io.is_blank (Python's str.isspace) defines it.
@@ -116,8 +115,11 @@ def make_train_dataset(config, tokenizer: Tokenizer,
     """Endless, shuffled, token-batched training batches (module docstring).
 
     Empty pairs are dropped; pairs longer than ``data.max_source_length`` /
-    ``data.max_target_length`` (counting EOS/BOS) are dropped.  The order is deterministic
-    given ``training.seed``.
+    ``data.max_target_length`` (counting EOS/BOS) are dropped.  With several corpora
+    (``data.train``) each is read, shuffled (in a buffer of ``data.shuffle_buffer / n`` pairs),
+    repeated and filtered on its own, and every pair is drawn from corpus ``i`` with
+    probability ``weight_i / sum(weights)`` (``tf.data.Dataset.sample_from_datasets``).  The
+    order is deterministic given ``training.seed``.
 
     Args:
       config: a :class:`deep_nmt_tf.config.Config` with the training paths set (see
@@ -135,11 +137,12 @@ def make_train_dataset(config, tokenizer: Tokenizer,
     """
     data, training = config.data, config.training
     batch_tokens = training.batch_tokens
-    ds = _line_pairs(data.train_source, data.train_target)
+    corpora = data.training_corpora()
+    if not corpora:
+        raise DataError("no training corpus: set data.train_source / data.train_target, or list "
+                        "corpora under data.train")
     if input_context is not None:
         batch_tokens = max(1, batch_tokens // input_context.num_replicas_in_sync)
-        if input_context.num_input_pipelines > 1:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
 
     @_graph_only
     def encode(source, target):
@@ -158,11 +161,22 @@ def make_train_dataset(config, tokenizer: Tokenizer,
     def bucket_length(example):
         return tf.maximum(tf.size(example["source_ids"]), tf.size(example["target_input_ids"]))
 
-    ds = ds.filter(_not_blank)
-    ds = ds.shuffle(data.shuffle_buffer, seed=training.seed, reshuffle_each_iteration=True)
-    ds = ds.repeat()
-    ds = ds.batch(_TOKENIZE_BATCH).map(encode, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.unbatch().map(dense).filter(short_enough)
+    streams = []
+    for i, corpus in enumerate(corpora):  # Each corpus: its usable pairs, shuffled, endless.
+        ds = _line_pairs(corpus.source, corpus.target)
+        if input_context is not None and input_context.num_input_pipelines > 1:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        ds = ds.filter(_not_blank)
+        ds = ds.shuffle(max(1, data.shuffle_buffer // len(corpora)), seed=training.seed + i,
+                        reshuffle_each_iteration=True)
+        ds = ds.repeat()
+        ds = ds.batch(_TOKENIZE_BATCH).map(encode, num_parallel_calls=tf.data.AUTOTUNE)
+        streams.append(ds.unbatch().map(dense).filter(short_enough))
+    ds = streams[0]
+    if len(streams) > 1:  # Each pair from corpus i with probability weight_i / sum(weights).
+        total = sum(c.weight for c in corpora)
+        ds = tf.data.Dataset.sample_from_datasets(
+            streams, weights=[c.weight / total for c in corpora], seed=training.seed)
     bounds = bucket_upper_bounds(max(data.max_source_length, data.max_target_length),
                                  data.num_buckets)
     sizes = bucket_batch_sizes(bounds, batch_tokens, batch_size_multiple)
@@ -286,183 +300,3 @@ def make_dev_dataset(config, tokenizer: Tokenizer, batch_size: Optional[int] = N
     return make_eval_dataset(config, tokenizer, data.dev_source, data.dev_target,
                              batch_size or config.decoding.batch_size,
                              max_sentences=data.max_dev_sentences, include_text=include_text)
-
-
-# ---------------------------------------------------------------------------------------------
-# Preparation
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LengthStats:
-    """What the training pipeline keeps of a corpus (:func:`length_stats`).
-
-    Attributes:
-      pairs: line pairs in the files.
-      empty: pairs with an empty (or whitespace-only) side, dropped.
-      too_long_source, too_long_target: non-empty pairs over ``data.max_source_length`` /
-        ``data.max_target_length`` tokens (EOS/BOS included), dropped (a pair over both counts
-        in both).
-      too_long: non-empty pairs over either limit.
-    """
-    pairs: int
-    empty: int
-    too_long_source: int
-    too_long_target: int
-    too_long: int
-
-    @property
-    def kept(self) -> int:
-        """Pairs the training pipeline uses."""
-        return self.pairs - self.empty - self.too_long
-
-    def describe(self, data) -> str:
-        """One line for the log, naming the limits."""
-        return (f"train: {self.pairs} pairs; {self.empty} empty and {self.too_long} over the "
-                f"length limits ({self.too_long_source} over data.max_source_length="
-                f"{data.max_source_length}, {self.too_long_target} over "
-                f"data.max_target_length={data.max_target_length} tokens) dropped; "
-                f"{self.kept} kept")
-
-
-def length_stats(config, tokenizer: Tokenizer) -> LengthStats:
-    """Counts the training pairs :func:`make_train_dataset` drops (empty, over the length
-    limits), tokenizing the corpus once with the same functions (parallel ``tf.data``)."""
-    data = config.data
-
-    @_graph_only
-    def count(source, target):
-        blank = tf.strings.regex_full_match(source, _BLANK_LINE) | \
-            tf.strings.regex_full_match(target, _BLANK_LINE)
-        encoded = _encode(tokenizer, source, target)
-        over_source = encoded["source_ids"].row_lengths() > data.max_source_length
-        over_target = encoded["target_input_ids"].row_lengths() > data.max_target_length
-        kept = ~blank
-        return tf.stack([tf.size(source, out_type=tf.int64)] + [
-            tf.reduce_sum(tf.cast(mask, tf.int64)) for mask in (
-                blank, kept & over_source, kept & over_target,
-                kept & (over_source | over_target))])
-
-    ds = _line_pairs(data.train_source, data.train_target).batch(_TOKENIZE_BATCH * 4)
-    ds = ds.map(count, num_parallel_calls=tf.data.AUTOTUNE)
-    totals = ds.reduce(tf.zeros([5], tf.int64), lambda total, c: total + c).numpy()
-    return LengthStats(*(int(v) for v in totals))
-
-
-def _file_key(path: str) -> Dict[str, Any]:
-    info = os.stat(path)
-    return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
-
-
-def check_lengths(config, run_dir: RunDir) -> LengthStats:
-    """:func:`length_stats` of a prepared config (cached in ``MODEL_DIR/data_stats.json`` for
-    the same files, vocabulary and limits), logged; an error when no pair is kept.
-
-    Raises:
-      DataError: every pair is empty or over the limits (the pipeline would wait forever for
-        a batch); the message names the limits and the counts.
-    """
-    data = config.data
-    key = {"source": _file_key(data.train_source), "target": _file_key(data.train_target),
-           "vocab_sha256": file_sha256(data.vocab), "lowercase": data.lowercase,
-           "max_source_length": data.max_source_length,
-           "max_target_length": data.max_target_length}
-    cached = run_dir.cached_data_stats(key)
-    if cached is not None:
-        stats = LengthStats(**cached)
-    else:
-        stats = length_stats(config, Tokenizer.from_config(config))
-        run_dir.save_data_stats(key, dataclasses.asdict(stats))
-    if stats.kept == 0:
-        raise DataError(
-            f"no usable training pairs in {data.train_source} / {data.train_target}: "
-            f"{stats.describe(data)[len('train: '):]}. Raise data.max_source_length / "
-            "data.max_target_length (tokens, EOS/BOS included) or check the files")
-    if stats.too_long:
-        logging.warning("%s", stats.describe(data))
-    else:
-        logging.info("%s", stats.describe(data))
-    return stats
-
-
-
-def _check_corpora(data) -> None:
-    """check_parallel on every configured split; logs the counts of dropped empty pairs."""
-    for split in ("train", "dev", "test"):
-        source, target = getattr(data, f"{split}_source"), getattr(data, f"{split}_target")
-        if not source and not target:
-            continue
-        if not source or not target:
-            missing = f"data.{split}_source" if not source else f"data.{split}_target"
-            raise DataError(f"{missing}: required together with data.{split}_"
-                            f"{'target' if not source else 'source'}")
-        stats = check_parallel(source, target)
-        if stats.num_empty_pairs:
-            logging.warning("%s", describe_stats(stats, split))
-        else:
-            logging.info("%s", describe_stats(stats, split))
-        if split == "train" and stats.num_pairs == 0:
-            raise DataError(f"no usable training pairs in {source} / {target} "
-                            f"({stats.num_lines} lines, all empty on one side)")
-
-
-def _resolve_vocab(data, run_dir: RunDir) -> str:
-    path = data.vocab or run_dir.default_vocab_path
-    if os.path.exists(path):
-        logging.info("Using vocabulary %s", path)
-        return path
-    if data.vocab:
-        raise DataError(f"data.vocab: {path}: vocabulary file not found (leave data.vocab empty "
-                        f"to learn one into MODEL_DIR/{VOCAB_FILENAME})")
-    build_vocab([data.train_source, data.train_target], path, data.vocab_size, data.lowercase,
-                max_sentences=data.vocab_sample_size, min_count=data.vocab_min_count)
-    return path
-
-
-def prepare_data(config, run_dir: Union[str, RunDir]):
-    """Makes a config's data usable; call before building models or pipelines.
-
-    1. ``data.corpus == 'synthetic'``: writes the synthetic corpus to ``MODEL_DIR/data/``
-       (idempotent) and points the six data paths at it.
-    2. Checks every configured train/dev/test pair of files with
-       :func:`~deep_nmt_tf.data.text_io.check_parallel` (alignment, UTF-8) and logs the number
-       of empty pairs the training pipeline will drop.
-    3. Vocabulary: ``data.vocab`` if set (it must exist), else ``MODEL_DIR/vocab.txt``, learned
-       from the training source and target if missing.
-    4. Sets ``model.vocab_size`` from the vocabulary when it is 0.
-    5. Counts the training pairs the pipeline drops (empty, over ``data.max_source_length`` /
-       ``data.max_target_length``) and logs them (:func:`check_lengths`).
-
-    Args:
-      config: a :class:`deep_nmt_tf.config.Config`.
-      run_dir: the run directory (a path or :class:`~deep_nmt_tf.run_dir.RunDir`).
-
-    Returns:
-      A new config (``dataclasses.replace``) with the data paths, ``data.vocab`` and
-      ``model.vocab_size`` filled in.
-
-    Raises:
-      DataError: misaligned files, invalid UTF-8, no usable training pairs (all empty, or all
-        over the length limits: the message names the limits and counts), a missing
-        ``data.vocab`` file, or ``model.vocab_size`` smaller than the vocabulary.
-    """
-    run_dir = RunDir(run_dir)
-    data = config.data
-    if data.corpus == "synthetic":
-        paths = synthetic.write_corpus(
-            run_dir.data_dir, data.synthetic_train_size,
-            data.synthetic_dev_size, data.synthetic_test_size, data.synthetic_seed)
-        logging.info("Synthetic corpus in %s", os.path.dirname(paths["train_source"]))
-        data = dataclasses.replace(data, **paths)
-    _check_corpora(data)
-    data = dataclasses.replace(data, vocab=_resolve_vocab(data, run_dir))
-    size = vocab_size(data.vocab)
-    model = config.model
-    if model.vocab_size == 0:
-        model = dataclasses.replace(model, vocab_size=size)
-    elif model.vocab_size < size:
-        raise DataError(f"model.vocab_size: {model.vocab_size} is smaller than the vocabulary "
-                        f"{data.vocab} ({size} tokens); set it to 0 to use the file's size")
-    config = dataclasses.replace(config, data=data, model=model)
-    check_lengths(config, run_dir)
-    return config

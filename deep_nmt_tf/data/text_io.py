@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Iterator, Optional
+from typing import Callable, Iterator, List, Optional, Sequence
+
+from absl import logging
 
 __all__ = [
     "DataError",
@@ -27,9 +29,14 @@ __all__ = [
     "is_blank",
     "check_parallel",
     "describe_stats",
+    "sample_lines",
+    "sample_text",
+    "sampled_line_numbers",
+    "read_line_numbers",
 ]
 
 _MISSING = object()
+_BLOCK = 1 << 24  # Bytes per read of read_line_numbers.
 
 
 class DataError(ValueError):
@@ -160,3 +167,72 @@ def describe_stats(stats: ParallelStats, name: Optional[str] = None) -> str:
     prefix = f"{name}: " if name else ""
     return (f"{prefix}{stats.num_lines} lines in {stats.source_path} / {stats.target_path}; "
             f"{stats.num_empty_pairs} empty pairs dropped, {stats.num_pairs} kept")
+
+
+def sample_lines(total: int, max_lines: Optional[int]) -> Optional[Callable[[int], bool]]:
+    """``keep(i)`` for line ``i`` of ``total``: every line (None) when ``max_lines`` is 0/None
+    or at least ``total``, else ``max_lines`` lines spread evenly over all of them
+    (deterministic: the lines where ``floor(i * max_lines / total)`` increases)."""
+    if not max_lines or max_lines >= total:
+        return None
+    return lambda i: (i * max_lines) // total != ((i + 1) * max_lines) // total
+
+
+def sample_text(paths: Sequence[str], max_lines: Optional[int] = None) -> Iterator[str]:
+    """The non-blank lines of an evenly spread sample of at most ``max_lines`` lines of all
+    ``paths`` together (:func:`sample_lines`; 0 or None: every line), streaming; the sample
+    size is logged.  Every line is read (and checked to be UTF-8).
+
+    Raises:
+      DataError: a file is missing or has invalid UTF-8 (names file and line).
+    """
+    keep = None
+    if max_lines:
+        total = sum(count_lines(path) for path in paths)
+        keep = sample_lines(total, max_lines)
+        if keep is not None:
+            logging.info("Vocabulary sample: %d of the %d lines of %s", max_lines, total,
+                         ", ".join(paths))
+    index = 0
+    for path in paths:
+        for line in read_lines(path):
+            if (keep is None or keep(index)) and not is_blank(line):
+                yield line
+            index += 1
+
+
+def sampled_line_numbers(total: int, max_lines: int) -> List[int]:
+    """The 0-based numbers of the lines :func:`sample_lines` keeps (all when ``max_lines`` is
+    0 or at least ``total``), in increasing order, computed directly."""
+    if not max_lines or max_lines >= total:
+        return list(range(total))
+    return [((k + 1) * total + max_lines - 1) // max_lines - 1 for k in range(max_lines)]
+
+
+def read_line_numbers(path: str, numbers: Sequence[int]) -> List[str]:
+    """The lines of ``path`` with these 0-based numbers (increasing), in one pass of block reads
+    (the line breaks found with numpy, only the lines asked for decoded; invalid UTF-8 is
+    replaced: :func:`check_parallel` reports it).
+
+    Raises:
+      DataError: the file cannot be opened.
+    """
+    import numpy as np
+
+    wanted = np.asarray(numbers, np.int64)
+    found: List[str] = []
+    line, carry, j = 0, b"", 0
+    with _open_binary(path) as f:
+        for block in iter(lambda: f.read(_BLOCK), b""):
+            block = carry + block
+            ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+            starts = np.concatenate([[0], ends + 1])
+            while j < len(wanted) and wanted[j] < line + len(ends):
+                k = int(wanted[j] - line)
+                found.append(block[starts[k]:ends[k]].rstrip(b"\r").decode("utf-8", "replace"))
+                j += 1
+            line += len(ends)
+            carry = block[starts[-1]:]
+    if j < len(wanted) and wanted[j] == line and carry:  # A last line without a line break.
+        found.append(carry.rstrip(b"\r").decode("utf-8", "replace"))
+    return found

@@ -4,13 +4,16 @@ A *token-id file* (``deep-nmt-preprocess``; :class:`TokenIds`) holds a parallel 
 tokenisation with a run's vocabulary, as numpy arrays in one ``.npz``:
 
 =================================  ==============================================================
-``source_tokens``, ``target_tokens``  the WordPiece ids of every line, concatenated (no ``</s>``
+``source_tokens``, ``target_tokens``  the token ids of every line, concatenated (no ``</s>``
                                    or ``<s>``; ``uint16`` when the vocabulary has at most 65,536
                                    entries, else ``int32``)
 ``source_offsets``, ``target_offsets``  ``int64 [N + 1]``: line ``i`` is ``tokens[offsets[i]:
                                    offsets[i + 1]]``
 ``meta``                           a JSON string: ``format``, ``version``, ``vocab_size``,
-                                   ``vocab_sha256`` and where the lines came from
+                                   ``vocab_sha256``, ``tokenizer_type`` (``wordpiece`` or
+                                   ``sentencepiece``), where the lines came from and, for
+                                   several training corpora, ``corpora`` (each one's
+                                   ``name``, ``weight`` and ``pairs``, in row order)
 =================================  ==============================================================
 
 Every line pair of the text files is kept, in file order (empty lines as empty rows), so row
@@ -19,9 +22,11 @@ Every line pair of the text files is kept, in file order (empty lines as empty r
 ``tf.data`` pipeline does.  A run directory keeps them as ``MODEL_DIR/data/<split>.npz``
 (:meth:`deep_nmt_tf.run_dir.RunDir.token_file`).
 
-:class:`Detokenizer` turns ids back into text exactly as the in-graph
+:class:`Detokenizer` turns WordPiece ids back into text exactly as the in-graph
 :meth:`deep_nmt_tf.data.vocab.Tokenizer.detokenize` does (``tests/test_data_batching.py``
-compares them), in plain Python, so a machine with only JAX can print and score translations.
+compares them), in plain Python, so a machine with only JAX can print and score translations;
+:class:`SentencePieceDetokenizer` does the same for a SentencePiece run with the
+``sentencepiece`` package (:func:`make_detokenizer` picks the one of a tokenizer kind).
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
+from deep_nmt_tf.constants import RESERVED_TOKENS, text_ids
+from deep_nmt_tf.data.spm import SentencePieceModel
 from deep_nmt_tf.data.text_io import DataError, read_lines
 
-__all__ = ["TOKEN_FILE_FORMAT", "TOKEN_FILE_VERSION", "TokenIds", "Detokenizer"]
+__all__ = ["TOKEN_FILE_FORMAT", "TOKEN_FILE_VERSION", "TokenIds", "Detokenizer",
+           "SentencePieceDetokenizer", "make_detokenizer"]
 
 TOKEN_FILE_FORMAT = "deep_nmt_tf.token_ids"
 TOKEN_FILE_VERSION = 1
@@ -194,13 +201,8 @@ class Detokenizer:
     def __call__(self, ids: Iterable[int]) -> str:
         """One sentence's ids (any int iterable) -> text."""
         pieces: List[str] = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i in (PAD_ID, BOS_ID):
-                continue
-            token = self.tokens[i] if 0 <= i < len(self.tokens) else self.tokens[UNK_ID]
+        for i in text_ids(ids, len(self.tokens)):
+            token = self.tokens[i]
             if pieces and token.startswith(_SUFFIX_INDICATOR):
                 pieces[-1] += token[len(_SUFFIX_INDICATOR):]
             else:  # A word, or a continuation piece with nothing before it (kept whole).
@@ -215,3 +217,35 @@ class Detokenizer:
     def batch(self, ids) -> List[str]:
         """Rows of a ``[B, T]`` array (or a list of id lists) -> ``B`` strings."""
         return [self(row) for row in ids]
+
+
+class SentencePieceDetokenizer(Detokenizer):
+    """SentencePiece ids -> text in plain Python (the ``sentencepiece`` package), as
+    :meth:`SentencePieceTokenizer.detokenize <deep_nmt_tf.data.tokenizers.
+    SentencePieceTokenizer.detokenize>` does it: ``<pad>`` and ``<s>`` dropped, nothing from
+    the first ``</s>`` on, ids outside the vocabulary read as ``[UNK]``.
+
+    Args:
+      model: the ``.model`` file (the package's id map applied:
+        :class:`~deep_nmt_tf.data.spm.SentencePieceModel`).
+    """
+
+    def __init__(self, model):
+        self.model = SentencePieceModel(os.fspath(model))
+        self.tokens = self.model.pieces
+        self.reattach = False
+
+    def __call__(self, ids: Iterable[int]) -> str:
+        """One sentence's ids (any int iterable) -> text."""
+        return self.model.decode(ids)
+
+
+def make_detokenizer(path, kind: str = "wordpiece", reattach_punctuation: bool = True
+                     ) -> Detokenizer:
+    """The plain-Python detokenizer of a tokenizer file: :class:`Detokenizer` (``wordpiece``)
+    or :class:`SentencePieceDetokenizer` (``sentencepiece``; ``data.tokenizer.type``)."""
+    if kind == "sentencepiece":
+        return SentencePieceDetokenizer(path)
+    if kind != "wordpiece":
+        raise ValueError(f"unknown tokenizer kind {kind!r} (wordpiece, sentencepiece)")
+    return Detokenizer(path, reattach_punctuation)

@@ -1,4 +1,10 @@
-"""Shared WordPiece vocabulary (tensorflow-text) and the in-graph :class:`Tokenizer`.
+"""Shared WordPiece vocabulary and the in-graph :class:`Tokenizer` (tensorflow-text).
+
+The vocabulary is learned (:func:`learn_vocab`) from the counts of the words of step 1 below,
+by sentencepiece's BPE trainer (the default: about a second after counting, deterministic;
+:func:`deep_nmt_tf.data.spm.learn_wordpiece`) or by tensorflow-text's Python learner
+(``data.tokenizer.wordpiece.learner: tensorflow_text``, the learner of earlier versions:
+minutes); both give the format ``FastWordpieceTokenizer`` reads.
 
 Text goes through three steps, all TensorFlow ops, so they run in ``tf.data`` pipelines and in
 ``tf.function`` s exported to a SavedModel (load it with ``import tensorflow_text`` first):
@@ -31,16 +37,18 @@ The vocabulary file has one token per line; lines 1-4 are the reserved tokens of
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 from typing import Iterable, List, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_text as tf_text
 from absl import logging
-from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
+from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner_lib
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID, UNK_TOKEN
-from deep_nmt_tf.data.text_io import DataError, count_lines, is_blank, read_lines
+from deep_nmt_tf.data.spm import learn_wordpiece
+from deep_nmt_tf.data.text_io import DataError, read_lines, sample_lines, sample_text
 
 __all__ = [
     "SUFFIX_INDICATOR",
@@ -54,6 +62,8 @@ __all__ = [
     "build_vocab",
     "load_vocab",
     "vocab_size",
+    "text_ids",
+    "TokenizerBase",
     "Tokenizer",
 ]
 
@@ -133,30 +143,6 @@ def reattach_punctuation(text):
 # ---------------------------------------------------------------------------------------------
 
 
-def _batches(paths: Iterable[str], size: int, keep=None) -> Iterable[List[str]]:
-    batch: List[str] = []
-    index = 0
-    for path in paths:
-        for line in read_lines(path):  # Validates UTF-8, naming file and line.
-            if (keep is None or keep(index)) and not is_blank(line):
-                batch.append(line)
-            index += 1
-            if len(batch) == size:
-                yield batch
-                batch = []
-    if batch:
-        yield batch
-
-
-def sample_lines(total: int, max_lines: Optional[int]):
-    """``keep(i)`` for line ``i`` of ``total``: every line when ``max_lines`` is 0/None or at
-    least ``total``, else ``max_lines`` lines spread evenly over all of them (deterministic:
-    the line where ``floor(i * max_lines / total)`` increases)."""
-    if not max_lines or max_lines >= total:
-        return None
-    return lambda i: (i * max_lines) // total != ((i + 1) * max_lines) // total
-
-
 def count_words(paths: Sequence[str], lowercase: bool = False,
                 max_sentences: Optional[int] = None) -> collections.Counter:
     """Counts pre-tokenised words (:func:`pretokenize`) in text files, streaming.
@@ -177,48 +163,64 @@ def count_words(paths: Sequence[str], lowercase: bool = False,
     split = tf.function(lambda lines: pretokenize(lines, lowercase).flat_values,
                         input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     counts: collections.Counter = collections.Counter()
-    keep = None
-    if max_sentences:
-        total = sum(count_lines(path) for path in paths)
-        keep = sample_lines(total, max_sentences)
-        if keep is not None:
-            logging.info("Vocabulary sample: %d of the %d lines of %s", max_sentences, total,
-                         ", ".join(paths))
-    for batch in _batches(paths, _COUNT_BATCH, keep):
+    lines = sample_text(paths, max_sentences)
+    while True:
+        batch = list(itertools.islice(lines, _COUNT_BATCH))
+        if not batch:
+            break
         counts.update(split(tf.constant(batch)).numpy().tolist())
     return collections.Counter({word.decode("utf-8"): n for word, n in counts.items()})
 
 
+#: The WordPiece learners (``data.tokenizer.wordpiece.learner``).
+LEARNERS = ("sentencepiece", "tensorflow_text")
+
+
 def learn_vocab(paths: Sequence[str], vocab_size: int, lowercase: bool = False,
                 learn_params: Optional[Mapping] = None,
-                max_sentences: Optional[int] = None, min_count: int = 10) -> List[str]:
-    """Learns a WordPiece vocabulary with tensorflow-text's learner.
+                max_sentences: Optional[int] = None, min_count: int = 10,
+                learner: str = "sentencepiece") -> List[str]:
+    """Learns a WordPiece vocabulary from the words of :func:`count_words`.
 
     Args:
       paths: training text files (source and target for a shared vocabulary).
-      vocab_size: target size, reserved tokens included.  The learner aims at 95-100% of it; a
-        small corpus gives fewer tokens.  Every character seen (up to the learner's
-        ``max_unique_chars``) gets a word-initial and a ``##`` token, which can push the size
-        above ``vocab_size`` for scripts with very many characters.
+      vocab_size: target size, reserved tokens included.  A small corpus gives fewer tokens.
+        Every character seen gets a word-initial and a ``##`` token (tensorflow-text: up to
+        its ``max_unique_chars``), which can push the size above ``vocab_size`` for scripts
+        with very many characters.
       lowercase: learn on lower-cased text (must match the tokenizer's setting).
-      learn_params: extra keyword arguments of ``wordpiece_tokenizer_learner_lib.learn``
-        (``lower_thresh``, ``num_iterations``, ``max_input_tokens`` ...).
+      learn_params: extra keyword arguments of the learner: sentencepiece's trainer
+        (``max_sentencepiece_length`` ...) or tensorflow-text's
+        ``wordpiece_tokenizer_learner_lib.learn`` (``num_iterations``, ``max_input_tokens``
+        ...).
       max_sentences: learn from an evenly spread sample of at most this many lines
         (:func:`count_words`; 0 or None: all).
-      min_count: the least count of a word or piece the learner keeps (its ``lower_thresh``;
-        ``data.vocab_min_count``): it caps the vocabulary of a small corpus.
+      min_count: the least count of a word (sentencepiece: pieces are learned from the words
+        seen this often; every character counts) or a piece (tensorflow-text's
+        ``lower_thresh``) that the learner keeps (``data.vocab_min_count``): it caps the
+        vocabulary of a small corpus.
+      learner: ``sentencepiece`` (:func:`deep_nmt_tf.data.spm.learn_wordpiece`: sentencepiece's
+        BPE trainer on the word counts, about a second after counting, deterministic;
+        BENCHMARKS.md) or ``tensorflow_text`` (tensorflow-text's Python learner, minutes: the
+        learner of deep_nmt_tf 0.2 and before).
 
     Returns:
       The tokens, ``RESERVED_TOKENS`` first (ids 0-3).
 
     Raises:
       DataError: unreadable files, invalid UTF-8, or no words at all.
+      ValueError: an unknown ``learner``.
     """
+    if learner not in LEARNERS:
+        raise ValueError(f"unknown WordPiece learner {learner!r} (known: {', '.join(LEARNERS)})")
     counts = count_words(paths, lowercase, max_sentences)
     if not counts:
         raise DataError(f"cannot learn a vocabulary: no words in {', '.join(paths)}")
-    params = {"lower_thresh": int(min_count), **dict(learn_params or {})}
-    tokens = learner.learn(dict(counts), vocab_size, list(RESERVED_TOKENS), **params)
+    if learner == "sentencepiece":
+        tokens = learn_wordpiece(counts, vocab_size, min_count, **dict(learn_params or {}))
+    else:
+        params = {"lower_thresh": int(min_count), **dict(learn_params or {})}
+        tokens = learner_lib.learn(dict(counts), vocab_size, list(RESERVED_TOKENS), **params)
     if tuple(tokens[:len(RESERVED_TOKENS)]) != RESERVED_TOKENS:  # Guard against learner changes.
         raise AssertionError(f"vocabulary learner did not put {RESERVED_TOKENS} first")
     return list(tokens)
@@ -241,7 +243,8 @@ def write_vocab(tokens: Sequence[str], path: str):
 
 def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
                 lowercase: bool = False, learn_params: Optional[Mapping] = None,
-                max_sentences: Optional[int] = None, min_count: int = 10) -> List[str]:
+                max_sentences: Optional[int] = None, min_count: int = 10,
+                learner: str = "sentencepiece") -> List[str]:
     """:func:`learn_vocab` + :func:`write_vocab`, with logging (a WARNING when the vocabulary
     falls short of ``vocab_size`` by more than 10%, naming ``min_count``).
 
@@ -253,18 +256,21 @@ def build_vocab(paths: Sequence[str], output_path: str, vocab_size: int,
       learn_params: extra arguments for the learner.
       max_sentences: learn from at most this many lines (``data.vocab_sample_size``).
       min_count: see :func:`learn_vocab` (``data.vocab_min_count``).
+      learner: ``sentencepiece`` or ``tensorflow_text`` (:func:`learn_vocab`;
+        ``data.tokenizer.wordpiece.learner``).
 
     Returns:
       The tokens written.
     """
-    logging.info("Learning a WordPiece vocabulary of about %d tokens from %s", vocab_size,
-                 ", ".join(paths))
-    tokens = learn_vocab(paths, vocab_size, lowercase, learn_params, max_sentences, min_count)
+    logging.info("Learning a WordPiece vocabulary of about %d tokens from %s (%s learner)",
+                 vocab_size, ", ".join(paths), learner)
+    tokens = learn_vocab(paths, vocab_size, lowercase, learn_params, max_sentences, min_count,
+                         learner)
     write_vocab(tokens, output_path)
     logging.info("Wrote %d tokens to %s", len(tokens), output_path)
     if len(tokens) < 0.9 * vocab_size:
         logging.warning("The vocabulary has %d tokens, fewer than the %d asked for: the corpus "
-                        "has no more words or pieces seen at least %d times (data.vocab_min_count, "
+                        "has no more pieces seen at least %d times (data.vocab_min_count, "
                         "--min_count of deep-nmt-build-vocab: lower it for a larger vocabulary)",
                         len(tokens), vocab_size, min_count)
     return tokens
@@ -320,7 +326,49 @@ def vocab_size(path: str) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-class Tokenizer(tf.Module):
+def text_ids(ids, vocab_size: int):
+    """The ids that detokenisation turns into text (every tokenizer's rule).
+
+    Args:
+      ids: int ``Tensor`` ``[B, T]`` or ``RaggedTensor`` ``[B, (T)]`` (or 1-D for one
+        sentence).
+      vocab_size: ids at or above it (and negative ones) read as ``[UNK]``.
+
+    Returns:
+      ``(ragged int32 [B, (n)], single)``: ``<pad>`` and ``<s>`` dropped anywhere, and
+      everything from the first ``</s>`` on; ``single``: the input was 1-D.
+    """
+    if isinstance(ids, tf.RaggedTensor):
+        ids = ids.to_tensor(default_value=PAD_ID)
+    ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
+    single = ids.shape.rank == 1
+    if single:
+        ids = ids[tf.newaxis]
+    ids = tf.where((ids >= 0) & (ids < vocab_size), ids, UNK_ID)
+    after_eos = tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=-1) > 0
+    keep = ~after_eos & tf.not_equal(ids, PAD_ID) & tf.not_equal(ids, BOS_ID)
+    return tf.ragged.boolean_mask(ids, keep), single
+
+
+class TokenizerBase(tf.Module):
+    """What every tokenizer of the package has (:mod:`deep_nmt_tf.data.tokenizers`):
+    ``kind`` (its ``data.tokenizer.type``), ``vocab_size``, ``lowercase``, and the graph
+    methods ``tokenize`` and ``detokenize``."""
+
+    kind = ""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens (ids are 0 .. vocab_size - 1)."""
+        return self._vocab_size
+
+    @property
+    def lowercase(self) -> bool:
+        """Whether input text is lower-cased."""
+        return self._lowercase
+
+
+class Tokenizer(TokenizerBase):
     """Text <-> WordPiece ids, entirely in TensorFlow ops (tf.data, tf.function, SavedModel).
 
     Example:
@@ -336,6 +384,9 @@ class Tokenizer(tf.Module):
         False leaves every token separated by one space.
       name: module name.
     """
+
+    #: ``data.tokenizer.type`` of this tokenizer.
+    kind = "wordpiece"
 
     def __init__(self, vocab: Union[str, os.PathLike, Sequence[str]], lowercase: bool = False,
                  reattach_punctuation: bool = True, name: Optional[str] = None):
@@ -362,22 +413,18 @@ class Tokenizer(tf.Module):
           config: config whose ``data.vocab`` is set (see ``pipeline.prepare_data``).
 
         Raises:
-          DataError: ``data.vocab`` is empty or the file is invalid.
+          DataError: ``data.vocab`` is empty or the file is invalid, or the config's
+            tokenizer is not WordPiece (:func:`deep_nmt_tf.data.tokenizers.build_tokenizer`
+            builds any).
         """
         if not config.data.vocab:
             raise DataError("data.vocab is empty: run deep_nmt_tf.data.pipeline.prepare_data "
                             "(which sets it to MODEL_DIR/vocab.txt) or set data.vocab")
+        if config.data.tokenizer.type != cls.kind:
+            raise DataError(f"data.tokenizer.type is {config.data.tokenizer.type!r}, not "
+                            "wordpiece: build the tokenizer with deep_nmt_tf.data.tokenizers."
+                            "build_tokenizer")
         return cls(config.data.vocab, lowercase=config.data.lowercase)
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of tokens (ids are 0 .. vocab_size - 1)."""
-        return self._vocab_size
-
-    @property
-    def lowercase(self) -> bool:
-        """Whether input text is lower-cased."""
-        return self._lowercase
 
     def tokenize(self, text):
         """Text to WordPiece ids (no BOS/EOS added).
@@ -402,16 +449,8 @@ class Tokenizer(tf.Module):
         Returns:
           string ``Tensor`` ``[B]`` (a scalar for 1-D input).
         """
-        if isinstance(ids, tf.RaggedTensor):
-            ids = ids.to_tensor(default_value=PAD_ID)
-        ids = tf.cast(tf.convert_to_tensor(ids), tf.int32)
-        single = ids.shape.rank == 1
-        if single:
-            ids = ids[tf.newaxis]
-        ids = tf.where((ids >= 0) & (ids < self._vocab_size), ids, UNK_ID)
-        after_eos = tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=-1) > 0
-        keep = ~after_eos & tf.not_equal(ids, PAD_ID) & tf.not_equal(ids, BOS_ID)
-        text = self._wordpiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+        ids, single = text_ids(ids, self._vocab_size)
+        text = self._wordpiece.detokenize(ids)
         if self._reattach:
             text = reattach_punctuation(text)
         return text[0] if single else text

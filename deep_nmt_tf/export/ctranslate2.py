@@ -427,7 +427,7 @@ def export_model_dir(model_dir: str, output_dir: Optional[str] = None,
       FileNotFoundError, FileExistsError, ConfigError, CheckpointError: as the SavedModel
         export.
     """
-    from deep_nmt_tf.checkpointing import restore_model_weights
+    from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.models import build_model
     from deep_nmt_tf.run_dir import RunDir
 
@@ -442,10 +442,7 @@ def export_model_dir(model_dir: str, output_dir: Optional[str] = None,
     model = build_model(config)
     check_convertible(model)  # (before asking for the package: no install needed to learn it)
     require_ctranslate2()
-    if checkpoint is None:
-        checkpoint = run_dir.latest_checkpoint()
-        if checkpoint is None:
-            raise FileNotFoundError(f"no checkpoint in {model_dir}")
-    restore_model_weights(model, checkpoint)
+    # The newest readable checkpoint of either kind, a run directory's, or the one named.
+    CheckpointStore(run_dir).restore_model(model, checkpoint)
     return convert_model(model, vocab, output_dir, config=config, quantization=quantization,
                          max_positions=max_positions, overwrite=overwrite)

@@ -15,12 +15,14 @@ directory of integer versions, the highest one served) with three signatures:
     option out of range (a NaN or infinite length penalty included) fails the request with
     ``InvalidArgumentError`` naming it; nothing is clamped.
 ``translate_ids``
-    input ``source_ids`` ``[B, S]`` int32 (WordPiece ids, right-padded with 0; ``<s>``/``</s>``
+    input ``source_ids`` ``[B, S]`` int32 (token ids, right-padded with 0; ``<s>``/``</s>``
     are ignored, ids outside the vocabulary read as ``[UNK]``); outputs ``ids`` ``[B, N, L]``
     int32 (without ``</s>``, padded with 0), ``lengths`` ``[B, N]``, ``scores`` ``[B, N]``,
     ``log_probs`` ``[B, N]``.
 
-Tokenisation and detokenisation are tensorflow-text ops inside the graph, so a client only
+Tokenisation and detokenisation are tensorflow-text ops inside the graph (WordPiece or
+SentencePiece, the run's ``data.tokenizer``; a SentencePiece model is held in the SavedModel
+itself), so a client only
 needs ``import tensorflow, tensorflow_text`` (the ops must be registered before loading):
 
     import tensorflow as tf, tensorflow_text  # noqa: F401

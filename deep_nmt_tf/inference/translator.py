@@ -34,6 +34,7 @@ from absl import logging
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore, format_of
 from deep_nmt_tf.config import Config
 from deep_nmt_tf.constants import PAD_ID
+from deep_nmt_tf.data.tokenizers import build_tokenizer
 from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.export.module import TranslationModule, prepare_source, resolve_jit_compile
 from deep_nmt_tf.inference.searches import Searches
@@ -47,13 +48,6 @@ class Hypothesis(NamedTuple):
     text: str
     score: float
     ids: Tuple[int, ...]
-
-
-def build_tokenizer(config: Config, vocab_path: str):
-    """The data package's in-graph :class:`~deep_nmt_tf.data.vocab.Tokenizer`."""
-    from deep_nmt_tf.data.vocab import Tokenizer
-
-    return Tokenizer(vocab_path, lowercase=config.data.lowercase)
 
 
 @dataclasses.dataclass

@@ -49,11 +49,12 @@ Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold t
 :meth:`~deep_nmt_tf.training.interface.TrainerInterface.checkpoint_items` (the model, with the
 dropout ``SeedGenerator`` states so that dropout masks continue exactly, the optimizer, the
 counters ``step``, ``skipped_updates`` and ``data_position``, the gradient transforms' state)
-and, if asked (``checkpoint_iterator``, default strategy only), the ``tf.data`` iterator.  On
-resume the iterator is restored, or else the training dataset is rebuilt and its first
-``data_position`` micro-batches are read and dropped (:meth:`Runner.make_train_iterator`), so
-the dataset must be deterministic for a given ``training.seed`` (as the data pipeline is).  A
-run killed at any point continues from its latest checkpoint as if it had not been stopped.
+and (``checkpoint_iterator``, the default, where the iterator can be saved: the default
+strategy) the ``tf.data`` iterator.  On resume the iterator is restored, or else the training
+dataset is rebuilt and its first ``data_position`` micro-batches are read and dropped
+(:meth:`Runner.make_train_iterator`), so the dataset must be deterministic for a given
+``training.seed`` (as the data pipeline is).  A run killed at any point continues from its
+latest checkpoint as if it had not been stopped.
 
 Logs: a console line every ``training.log_every`` steps; TensorBoard scalars under
 ``MODEL_DIR/train`` (loss, nll, perplexity, learning_rate, grad_norm, tokens_per_second,
@@ -144,10 +145,10 @@ class Runner:
         :func:`deep_nmt_tf.training.strategy.make_strategy`.
       trainer: the trainer factory, ``trainer(config, run_dir, strategy, **trainer_options)``
         (default :class:`~deep_nmt_tf.training.Trainer`; a subclass swaps a component).
-      checkpoint_iterator: also save the ``tf.data`` iterator in the checkpoints when possible
-        (:meth:`make_train_iterator`).  Resuming is then instant, but every checkpoint holds
-        the shuffle buffer (demo config: +34 MB and +3 s per checkpoint); the default re-reads
-        the consumed batches on resume instead.
+      checkpoint_iterator: save the ``tf.data`` iterator in the checkpoints when possible (the
+        default: a resume costs the same at any position, BENCHMARKS.md "Scale"; each
+        checkpoint holds the shuffle buffer, demo config +34 MB, +3 s); False re-reads the
+        consumed batches on resume (:meth:`make_train_iterator`).
       start_over: train from step 0 in a run directory whose checkpoint files all fail to read
         (they are kept, renamed ``*.unreadable``; ``deep-nmt-train --start_over``); otherwise
         that is an error.
@@ -162,7 +163,7 @@ class Runner:
     """
 
     def __init__(self, config: Config, model_dir, strategy: Optional[tf.distribute.Strategy] = None,
-                 trainer: Optional[TrainerFactory] = None, checkpoint_iterator: bool = False,
+                 trainer: Optional[TrainerFactory] = None, checkpoint_iterator: bool = True,
                  start_over: bool = False, **trainer_options):
         if trainer is None:
             from deep_nmt_tf.training.trainer import Trainer as trainer
@@ -271,12 +272,13 @@ class Runner:
 
         A resumed run sees the same batches as an uninterrupted one:
 
-        * by default, and whenever the iterator cannot be checkpointed (distributed iterators,
-          datasets with Python ops such as ``from_generator``), the ``data_position``
-          micro-batches consumed before the checkpoint are read again and dropped (about 100
-          demo-config batches/s on 2 CPU cores);
-        * with ``checkpoint_iterator=True`` under the default strategy, the ``tf.data``
-          iterator is saved in the checkpoints (``data_iterator``) and restored from them.
+        * with ``checkpoint_iterator`` (the default) under the default strategy, the
+          ``tf.data`` iterator is saved in the checkpoints (``data_iterator``) and restored
+          from them: a resume costs the same at any position;
+        * with ``checkpoint_iterator=False``, and whenever the iterator cannot be checkpointed
+          (distributed iterators, datasets with Python ops such as ``from_generator``), the
+          ``data_position`` micro-batches consumed before the checkpoint are read again and
+          dropped (about 100 demo-config batches/s on 2 CPU cores).
         """
         position = int(self.trainer.data_position.numpy())
         make = self.trainer.distributed_iterator

@@ -213,11 +213,11 @@ class Trainer:
         :func:`deep_nmt_tf.data.prepare_data` in the run directory and loads the tokenizer.
         """
         from deep_nmt_tf.config import require_training_data
-        from deep_nmt_tf.data import Tokenizer, prepare_data
+        from deep_nmt_tf.data import build_tokenizer, prepare_data
 
         require_training_data(config)
         config = prepare_data(config, self.run_dir)
-        self.tokenizer = Tokenizer.from_config(config)
+        self.tokenizer = build_tokenizer(config)
         return config
 
     def build_model(self) -> keras.Model:
