@@ -142,11 +142,14 @@ def test_every_architecture_trains_under_xla_in_bfloat16(architecture, tmp_path)
     assert plain["skipped"] == xla["skipped"] == 0.0
     np.testing.assert_allclose(xla["loss_sum"], plain["loss_sum"], rtol=1e-2)
     np.testing.assert_allclose(xla["grad_norm"], plain["grad_norm"], rtol=5e-2)
-    # Adam's first update is about lr * sign(g): rounding may flip the sign of a gradient
-    # entry near 0, so compare the updates entry by entry and allow a few such flips.
+    # Adam's first update is about lr * sign(g): bfloat16 rounding may flip the sign of a
+    # gradient entry near 0, so compare the updates entry by entry and allow some such flips.
+    # How many depends on the model and the CPU's kernels (2.3% of the cascade's entries on
+    # CI's CPU, under 1% elsewhere); a wrong compiled step (another gradient, a missed update)
+    # changes about half of them.
     flat = [np.abs(a - b).ravel() for a, b in zip(w_plain, w_xla)]
     differ = np.concatenate(flat) > 1e-4
-    assert differ.mean() < 0.02, differ.mean()
+    assert differ.mean() < 0.05, differ.mean()
 
 
 @pytest.mark.parametrize("norm,normalize_embedding", [("pre", False), ("pre", True),
