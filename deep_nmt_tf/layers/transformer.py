@@ -156,7 +156,7 @@ class _TransformerLayerBase(keras.layers.Layer):
                                   value_output_scale=self.init_scale, dtype=self.dtype_policy,
                                   name=name, **kwargs)
 
-    def _ffn(self):
+    def _make_ffn(self):
         init = "glorot_uniform"
         if self.init_scale != 1.0:
             init = BlockScaled(init, [self.init_scale])
@@ -235,7 +235,7 @@ class TransformerEncoderLayer(_TransformerLayerBase):
         self.shortcut_variant = shortcut
         self.self_attention = self._attention("self_attention", True)
         self.self_shortcut = self._shortcut(shortcut, "self_attention_shortcut")
-        self.ffn = self._ffn()
+        self.ffn = self._make_ffn()
         self.attention_sublayer = self._sublayer("self_attention")
         self.ffn_sublayer = self._sublayer("ffn")
 
@@ -314,7 +314,7 @@ class TransformerDecoderLayer(_TransformerLayerBase):
             self.cross_shortcut = LexicalShortcut(
                 self.d_model, source_dim=self.memory_dim, variant=cross_shortcut,
                 dtype=self.dtype_policy, name="cross_attention_shortcut")
-        self.ffn = self._ffn()
+        self.ffn = self._make_ffn()
         self.self_sublayer = self._sublayer("self_attention")
         self.cross_sublayer = self._sublayer("cross_attention")
         self.ffn_sublayer = self._sublayer("ffn")
