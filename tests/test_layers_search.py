@@ -340,8 +340,9 @@ def test_transformer_search_ids_equal_a_reference_search_on_teacher_forced_logit
     beam search over teacher-forced logits, in float32: issue 31's lean step changes no
     translation."""
     keras.utils.set_random_seed(3)
-    model = build_model(model_config(vocab_size=23, d_model=16, num_heads=2, ffn_dim=32,
-                                     encoder_layers=1, decoder_layers=2, norm=norm))
+    model = build_model(model_config(transformer(23, 16, num_heads=2, ffn_dim=32,
+                                                 encoder_layers=1, decoder_layers=2,
+                                                 norm=norm)))
     src = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0], [2, 0, 0, 0, 0]], "int32")
     a, b, alpha = 1.0, 2, 0.6
     out = search(model, src, beam_size=beam_size, length_penalty=alpha, n_best=beam_size,
