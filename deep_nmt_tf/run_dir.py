@@ -17,10 +17,9 @@
 - ``train/`` and ``eval/``: TensorBoard event files;
 - ``exports/``: SavedModel versions (``exports/<version>/``, the default of
   :func:`deep_nmt_tf.export.export_model_dir`);
-- ``averaged_checkpoints.txt``: in a directory written by checkpoint averaging, the averaged
-  checkpoints;
-- ``data_stats.json``: the training corpora's pair counts (empty pairs, pairs over the length
-  limits, per corpus), cached so that a resumed run need not read the corpora again.
+- ``averaged_checkpoints.txt``: the checkpoints averaged into a directory (averaging);
+- ``data_stats.json``: the training corpora's pair counts, cached
+  (:mod:`deep_nmt_tf.data.preparation`) so that a resumed run need not read the corpora again.
 
 :class:`RunDir` resolves every path against the directory as it was given (relative or
 absolute ``--model_dir`` alike).  Data paths of the saved config that point inside the run
@@ -575,25 +574,6 @@ class RunDir:
 
     def _check_vocab(self, config: Config) -> None:
         self.check_vocab(config.data.vocab, config.source)
-
-    # -- cached data statistics ------------------------------------------------------------------
-    def cached_data_stats(self, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """The statistics saved by :meth:`save_data_stats` under the same ``key``, or None."""
-        try:
-            with open(self.data_stats_path, encoding="utf-8") as f:
-                saved = json.load(f)
-        except (OSError, ValueError):
-            return None
-        return saved.get("stats") if saved.get("key") == key else None
-
-    def save_data_stats(self, key: Dict[str, Any], stats: Dict[str, Any]) -> None:
-        """Writes ``data_stats.json`` (atomically; every worker may call it)."""
-        os.makedirs(self.path, exist_ok=True)
-        tmp = f"{self.data_stats_path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"key": key, "stats": stats}, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, self.data_stats_path)
 
     # -- metadata ----------------------------------------------------------------------------------
     def metadata(self) -> Dict[str, Any]:

@@ -13,6 +13,7 @@ file and limits, so that a resumed run reads none of the corpora before its firs
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -151,7 +152,7 @@ def _stats_key(data) -> Dict[str, Any]:
 def _cached(data, run_dir: RunDir) -> Optional[List[LengthStats]]:
     if not data.vocab or not os.path.exists(data.vocab):
         return None
-    cached = run_dir.cached_data_stats(_stats_key(data))
+    cached = _cached_stats(run_dir, _stats_key(data))
     if not cached or "corpora" not in cached:
         return None
     return [LengthStats(**c) for c in cached["corpora"]]
@@ -197,7 +198,7 @@ def check_lengths(config, run_dir: Union[str, RunDir],
         tokenizer = build_tokenizer(config)
         stats = [length_stats(config, tokenizer, c, p.num_lines, p.num_empty_pairs)
                  for c, p in zip(corpora, parallel)]
-        run_dir.save_data_stats(_stats_key(data), {
+        _save_stats(run_dir, _stats_key(data), {
             "corpora": [dataclasses.asdict(s) for s in stats],
             "total": dataclasses.asdict(_sum(stats))})
     for corpus, s in zip(data.training_corpora(), stats):
@@ -309,3 +310,24 @@ def prepare_data(config, run_dir: Union[str, RunDir]):
     config = dataclasses.replace(config, data=data, model=model)
     check_lengths(config, run_dir, parallel or None)
     return config
+
+
+def _cached_stats(run_dir, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The statistics :func:`_save_stats` saved in ``data_stats.json`` under the same ``key``,
+    or None."""
+    try:
+        with open(run_dir.data_stats_path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved.get("stats") if saved.get("key") == key else None
+
+
+def _save_stats(run_dir, key: Dict[str, Any], stats: Dict[str, Any]) -> None:
+    """Writes ``data_stats.json`` (atomically; every worker may call it)."""
+    os.makedirs(run_dir.path, exist_ok=True)
+    tmp = f"{run_dir.data_stats_path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"key": key, "stats": stats}, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, run_dir.data_stats_path)
