@@ -113,9 +113,13 @@ def main(argv: Sequence[str]) -> None:
         print("experiment: interrupted; run the same command again to continue (finished "
               f"stages are kept): {cli.resume_command()}", file=sys.stderr)
         sys.exit(130)
+    from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS
+
     for name, entry in results.items():
+        if name in REPORT_KEYS:  # the systems' statistics and comparisons: results.md
+            continue
         scores = ", ".join(f"{test} {s['bleu_lc']:.2f} lc / {s['bleu']:.2f} cased"
-                           for test, s in entry.items() if test not in ("training", "decoding"))
+                           for test, s in entry.items() if test not in RESERVED_KEYS)
         print(f"{name}: {scores}")
 
 
