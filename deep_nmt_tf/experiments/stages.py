@@ -3,8 +3,9 @@ decoded with beam search and scored (``deep-nmt-experiment``), then the suite's 
 
 Every stage is resumable and skipped when done, so a killed suite continues where it stopped:
 training resumes from the run's last checkpoint (the :class:`~deep_nmt_tf.training.Runner`
-decides where); the average, the length-penalty choice, the translations and the scores are
-recorded in the run's ``experiment.json`` (:class:`~deep_nmt_tf.experiments.state.RunState`).
+decides where); the average, the length-penalty choice (and each dev score on the way), the
+translations (``<test>.hyp``) and the scores (with the reference file) are recorded in the run's
+``experiment.json`` (:class:`~deep_nmt_tf.experiments.state.RunState`).
 A run directory is only resumed for the run it was made for: one trained with another seed, or
 with another recipe (a training or data key that changes what is computed: the keys declared
 ``affects_results=False`` in the config schema, :func:`deep_nmt_tf.config.operational_keys`,
@@ -21,8 +22,18 @@ ran: ``timed_from_update`` says where its clock started), parameters, seed, prec
 joined by ``"; then "`` when a run resumed on another), and ``budget`` (``minutes``,
 ``stopped_at``) for a run stopped by ``--max_train_minutes``; and
 ``"decoding"``: the beam, the chosen length penalty, its dev BLEU and ``dev_metric``, ``bleu``
-or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md``
-and ``figures/`` (:mod:`deep_nmt_tf.experiments.report`).
+or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``,
+``length_penalty_grid`` (every penalty tried -> its dev score) and ``extended`` (whether the
+grid was extended); and beside the runs, ``"systems"`` and ``"comparisons"``: each system's
+scores over its seeds and its paired bootstrap tests against the suite's ``compare_to``
+systems, rebuilt from every run on disk each time (:mod:`deep_nmt_tf.experiments.statistics`)),
+``results.md`` and ``figures/`` (:mod:`deep_nmt_tf.experiments.report`).
+
+The length penalty is chosen on dev from the suite's ``length_penalties``; when the best is at
+an end of that grid, the grid extends that way by its spacing at that end (never below 0)
+while the dev score improves, at most ``length_penalty_extension`` values (a log line says when
+the cap stopped it).  Each penalty's dev score is saved as soon as it is known, so a resumed
+tool decodes none again; a choice recorded before this extension existed stands as made.
 
 Scores (:func:`deep_nmt_tf.decoding.scoring.table_scores`, the one place that scores): ``bleu``
 is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same lowercased (the number the
