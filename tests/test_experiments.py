@@ -191,7 +191,14 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
 
     data = _corpus(tmp_path / "data")
     out = str(tmp_path / "out")
-    args = [f"--suite={SUITE}", f"--data_dir={data}", f"--output_dir={out}",
+    # The suite with its grid fixed: the grid's extension at its edge has its own tests (a
+    # tiny model's best length penalty is often at the grid's end).
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(open(SUITE, encoding="utf-8").read().replace(
+        "config: ", f"config: {os.path.dirname(SUITE)}/").replace(
+        "length_penalty_extension: 10", "length_penalty_extension: 0"), encoding="utf-8")
+    assert load_suite(str(suite)).length_penalty_extension == 0
+    args = [f"--suite={suite}", f"--data_dir={data}", f"--output_dir={out}",
             "--only=baseline", "--max_steps=300",
             f"--extra_test=again={data}/test2016.en:{data}/test2016.de"] + [
         f"--override={o}" for o in TINY]
@@ -208,6 +215,10 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     assert entry["training"]["precision"] == "float32"
     assert re.search(r" cores, TensorFlow \d", entry["training"]["hardware"])
     assert entry["decoding"]["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4)
+    grid = entry["decoding"]["length_penalty_grid"]  # the grid, and beyond it if it extended
+    assert set(grid) >= {"0.6", "0.8", "1.0", "1.2", "1.4"}
+    assert entry["decoding"]["extended"] is False and len(grid) == 5
+    assert results["systems"]["baseline"]["seeds"] == [1] and results["comparisons"] == []
     run_dir = os.path.join(out, "runs", "baseline")
     assert len(open(os.path.join(run_dir, "test2016.hyp"), encoding="utf-8").readlines()) == 10
     assert "| baseline |" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
@@ -221,10 +232,9 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == results
     # A grid that grows keeps the penalties already scored: only the new one is decoded.
     grown = tmp_path / "grown.yaml"
-    grown.write_text(open(SUITE, encoding="utf-8").read().replace(
+    grown.write_text(suite.read_text(encoding="utf-8").replace(
         "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4]",
-        "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4, 1.6]").replace(
-        "config: ", f"config: {os.path.dirname(SUITE)}/"), encoding="utf-8")
+        "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4, 1.6]"), encoding="utf-8")
     proc = run_tool("experiment", *[f"--suite={grown}"] + args[1:], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "at length penalty 1.6" in proc.stderr
@@ -395,3 +405,259 @@ def test_a_training_time_budget_stops_a_run_where_its_clock_runs_out(tmp_path, m
     assert entry["training"]["updates"] == 50 and "budget" not in entry["training"]
     with pytest.raises(ValueError, match="max_train_minutes=0: must be > 0"):
         run(0)
+
+
+# --------------------------------------------------------------------------------------------
+# The length-penalty grid extends at its edge (fake dev scores; nothing is decoded)
+# --------------------------------------------------------------------------------------------
+
+
+def _fake_decoding(tmp_path, monkeypatch, dev_score, **suite_keys):
+    """``_decode`` with a fake model and a fake dev score per length penalty; returns a
+    function that runs it (a fresh RunState from the run's experiment.json each time, as a
+    resumed tool reads it) and the list of penalties decoded on dev."""
+    import dataclasses
+    import types
+
+    from deep_nmt_tf import run_dir
+    from deep_nmt_tf.experiments import PlannedRun, stages
+    from deep_nmt_tf.experiments.state import RunState as _State
+    from deep_nmt_tf.inference import translator as translator_lib
+
+    class RunDir:
+        def __init__(self, path):
+            pass
+
+        def load_config(self):
+            return types.SimpleNamespace(data=types.SimpleNamespace(lowercase=False))
+
+    decoded = []
+
+    def fake_dev_score(translator, sources, references, beam, alpha, metric):
+        decoded.append(alpha)
+        return dev_score(alpha)
+
+    tmp_path.mkdir(exist_ok=True)
+    for name in ("src", "ref"):
+        (tmp_path / name).write_text("a b c .\n", encoding="utf-8")
+    monkeypatch.setattr(run_dir, "RunDir", RunDir)
+    monkeypatch.setattr(translator_lib.Translator, "from_model_dir",
+                        staticmethod(lambda path: object()))
+    monkeypatch.setattr(stages, "_dev_score", fake_dev_score)
+    suite = dataclasses.replace(load_suite(find_suite(SUITE)), **suite_keys)
+    run = PlannedRun("r", "r", "c.yaml", 1, (), 1)
+    messages = []
+
+    def decode():
+        state = _State(str(tmp_path / "experiment.json"))
+        stages._decode(run, suite, "model", (str(tmp_path / "src"), str(tmp_path / "ref")), {},
+                       str(tmp_path), state, log=messages.append)
+        return _State(str(tmp_path / "experiment.json")).data["decoding"]
+
+    return decode, decoded, messages
+
+
+def test_a_best_length_penalty_at_the_grid_end_extends_the_grid_until_dev_bleu_falls(
+        tmp_path, monkeypatch):
+    """Dev BLEU rises past the grid's top (1.4) to 1.8 and falls after: 1.6, 1.8 and 2.0 are
+    tried (the grid's spacing), 1.8 is chosen, the values and scores are recorded, and a
+    resumed tool decodes nothing again."""
+    decode, decoded, messages = _fake_decoding(
+        tmp_path, monkeypatch, lambda a: 30.0 - (a - 1.8) ** 2,
+        length_penalties=(0.6, 0.8, 1.0, 1.2, 1.4))
+    decoding = decode()
+    assert decoded == [0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0]
+    assert decoding["length_penalty"] == 1.8 and decoding["extended"] is True
+    assert decoding["dev_bleu"] == pytest.approx(30.0)
+    assert list(decoding["tried"]) == ["0.6", "0.8", "1.0", "1.2", "1.4", "1.6", "1.8", "2.0"]
+    assert decoding["tried"]["2.0"] == pytest.approx(30.0 - 0.2 ** 2)
+    assert any("at length penalty 2.0 (beyond the grid)" in m for m in messages)
+    decoded.clear()
+    assert decode() == decoding and decoded == []  # resumed: nothing decoded again
+
+
+def test_a_best_length_penalty_inside_the_grid_keeps_the_grid(tmp_path, monkeypatch):
+    decode, decoded, _ = _fake_decoding(tmp_path, monkeypatch, lambda a: 30.0 - (a - 1.0) ** 2,
+                                        length_penalties=(0.6, 0.8, 1.0, 1.2, 1.4))
+    decoding = decode()
+    assert decoded == [0.6, 0.8, 1.0, 1.2, 1.4]
+    assert decoding["length_penalty"] == 1.0 and decoding["extended"] is False
+
+
+def test_the_grid_extends_downwards_to_0_at_most_and_stops_at_its_cap(tmp_path, monkeypatch):
+    # Best below the grid: 0.4, 0.2, then 0.0 (a step of 0.4 would pass 0), never below.
+    decode, decoded, _ = _fake_decoding(tmp_path / "down", monkeypatch, lambda a: 30.0 - a,
+                                        length_penalties=(0.6, 1.0))
+    decoding = decode()
+    assert decoded == [0.6, 1.0, 0.2, 0.0]
+    assert decoding["length_penalty"] == 0.0 and decoding["extended"] is True
+    # Ever better upwards: stopped after length_penalty_extension values, and said so.
+    decode, decoded, messages = _fake_decoding(tmp_path / "up", monkeypatch, lambda a: a,
+                                               length_penalties=(0.6, 0.8),
+                                               length_penalty_extension=3)
+    decoding = decode()
+    assert decoded == [0.6, 0.8, 1.0, 1.2, 1.4] and decoding["capped"] is True
+    assert decoding["length_penalty"] == 1.4
+    assert any("length_penalty_extension" in m for m in messages)
+
+
+def test_a_killed_length_penalty_search_resumes_without_decoding_again(tmp_path, monkeypatch):
+    """Each penalty scored is saved at once: killed while decoding 1.8, the search resumes
+    with 1.8 (the grid and 1.6 are not decoded again)."""
+    kill = [True]
+
+    def dev_score(alpha):
+        if alpha == 1.8 and kill[0]:
+            kill[0] = False
+            raise KeyboardInterrupt()
+        return 30.0 - (alpha - 1.8) ** 2
+
+    decode, decoded, _ = _fake_decoding(tmp_path, monkeypatch, dev_score,
+                                        length_penalties=(1.0, 1.2, 1.4))
+    with pytest.raises(KeyboardInterrupt):
+        decode()
+    decoded.clear()
+    assert decode()["length_penalty"] == 1.8
+    assert decoded == [1.8, 2.0]
+
+
+# --------------------------------------------------------------------------------------------
+# Seed statistics and paired comparisons (hand-written translations; nothing is trained)
+# --------------------------------------------------------------------------------------------
+
+REFS = [f"ein mann fährt fahrrad nummer {i} auf der strasse ." for i in range(60)]
+WEAK = [r if i % 3 == 0 else r.rsplit(" ", 2)[0] + " ." for i, r in enumerate(REFS)]
+
+
+def _suite_on_disk(tmp_path, runs, compare_to=""):
+    """A suite file with ``baseline`` and ``deep_pre`` (two seeds each) and ``other`` (one),
+    and an output directory whose runs (name -> (seed, translations)) have their results.json
+    entries and ``test2016.hyp`` files."""
+    from deep_nmt_tf.experiments.state import write_lines
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(compare_to + "tests: [test2016]\nruns:\n"
+                    "  - {name: baseline, config: a.yaml, seeds: [1, 2]}\n"
+                    "  - {name: deep_pre, config: a.yaml, seeds: [1, 2]}\n"
+                    "  - {name: other, config: a.yaml}\n", encoding="utf-8")
+    out = tmp_path / "out"
+    write_lines(str(tmp_path / "test2016.de"), REFS)
+    results = {}
+    for name, (seed, hyps) in runs.items():
+        (out / "runs" / name).mkdir(parents=True)
+        write_lines(str(out / "runs" / name / "test2016.hyp"), hyps)
+        scores = score(hyps, REFS)
+        results[name] = {"training": {"seed": seed}, "decoding": {"length_penalty": 1.0},
+                         "test2016": {k: scores[k] for k in ("bleu", "bleu_lc", "chrf")}}
+    return load_suite(str(path)), results, str(out), {"test2016": str(tmp_path / "test2016.de")}
+
+
+def test_the_report_gives_each_system_its_seed_statistics_and_paired_comparisons(
+        tmp_path, monkeypatch):
+    from deep_nmt_tf.decoding.significance import seed_statistics
+    from deep_nmt_tf.experiments import statistics
+    from deep_nmt_tf.experiments.report import markdown as _markdown
+
+    near = WEAK[:1] + [REFS[1]] + WEAK[2:]  # one sentence better than the baseline
+    suite, results, out, refs = _suite_on_disk(tmp_path, {
+        "baseline": (1, WEAK),  # the seed-1 run named as a one-seed run: it stands ...
+        "baseline-seed1": (1, REFS),  # ... and this second run of seed 1 is left out
+        "baseline-seed2": (2, WEAK[:-1] + [REFS[-1]]),
+        "deep_pre-seed1": (1, REFS), "deep_pre-seed2": (2, REFS[:-1] + [WEAK[-1]]),
+        "other": (1, near), "gone": (1, REFS)})  # "gone": no longer in the suite file
+    statistics.update_report(suite, results, refs, out, log=lambda m: None)
+    systems = results["systems"]
+    assert list(systems) == ["baseline", "deep_pre", "other"]
+    assert systems["baseline"]["runs"] == ["baseline", "baseline-seed2"]
+    assert systems["baseline"]["left_out"] == ["baseline-seed1"]
+    assert systems["deep_pre"]["seeds"] == [1, 2] and systems["other"]["seeds"] == [1]
+    got = systems["deep_pre"]["tests"]["test2016"]["bleu_lc"]
+    assert got == seed_statistics([results["deep_pre-seed1"]["test2016"]["bleu_lc"],
+                                   results["deep_pre-seed2"]["test2016"]["bleu_lc"]])
+    assert got["n"] == 2 and got["ci95"][0] < got["mean"] < got["ci95"][1]
+    assert systems["other"]["tests"]["test2016"]["chrf"]["ci95"] is None  # one seed
+    # Against baseline and deep_pre (the default compare_to), each other system, both BLEUs.
+    by_key = {(c["system"], c["reference"], c["metric"]): c for c in results["comparisons"]}
+    assert len(by_key) == len(results["comparisons"]) == 8
+    better = by_key["deep_pre", "baseline", "bleu_lc"]
+    assert [(p["system_seed"], p["reference_seed"]) for p in better["pairs"]] == [(1, 1), (2, 2)]
+    assert [p["reference_run"] for p in better["pairs"]] == ["baseline", "baseline-seed2"]
+    assert all(p["p_value"] < 0.05 and p["delta_ci95"][0] > 0 for p in better["pairs"])
+    assert better["effect"] == "better" and better["delta_seed_ci95"] is not None
+    assert better["delta"] == pytest.approx(sum(p["delta"] for p in better["pairs"]) / 2)
+    assert by_key["baseline", "deep_pre", "bleu"]["effect"] == "worse"
+    one = by_key["other", "baseline", "bleu_lc"]  # seed 1 against seed 1 only
+    assert [p["reference_seed"] for p in one["pairs"]] == [1] and one["pairs"][0]["p_value"] > .05
+    assert one["effect"] == "no effect established" and one["delta_seed_ci95"] is None
+    # results.md: the seed table and the comparison table.
+    table = _markdown(results, ["test2016"])
+    assert re.search(r"\| deep_pre \| 1, 2 \| \d+\.\d\d ± \d+\.\d\d \[", table)
+    assert re.search(r"\| deep_pre \| baseline \| test2016 \| BLEU lc \| 1-1; 2-2 \| \+\d", table)
+    assert "| better |" in table and "| worse |" in table
+    # Rebuilt: the pairs already tested are reused (their inputs hash the same) ...
+    monkeypatch.setattr(statistics, "paired_bootstrap", None)
+    before = json.loads(json.dumps(results))
+    statistics.update_report(suite, results, refs, out, log=lambda m: None)
+    assert json.loads(json.dumps(results)) == before
+    # ... and only the pairs whose translations changed are tested again.
+    from deep_nmt_tf.decoding import significance
+    from deep_nmt_tf.experiments.state import write_lines
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[2]))
+        return significance.paired_bootstrap(*args, **kwargs)
+
+    monkeypatch.setattr(statistics, "paired_bootstrap", counted)
+    write_lines(os.path.join(out, "runs", "other", "test2016.hyp"),
+                near[:2] + REFS[2:3] + near[3:])  # a second sentence fixed
+    statistics.update_report(suite, results, refs, out, log=lambda m: None)
+    assert calls == [1, 1, 1, 1]  # other against baseline and deep_pre, two metrics each
+    again = {(c["system"], c["reference"], c["metric"]): c for c in results["comparisons"]}
+    assert again["other", "baseline", "bleu_lc"]["delta"] > one["delta"]
+    assert again["deep_pre", "baseline", "bleu"] == by_key["deep_pre", "baseline", "bleu"]
+
+
+def test_compare_to_names_runs_of_the_suite(tmp_path):
+    suite, _, _, _ = _suite_on_disk(tmp_path, {}, compare_to="compare_to: [other]\n")
+    assert suite.compare_to == ("other",)
+    path = tmp_path / "bad.yaml"
+    path.write_text("compare_to: [baseline, deep_pre]\nruns:\n  - {name: baseline, config: a}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:1: compare_to: no run named 'deep_pre'"):
+        load_suite(str(path))
+    # The default keeps those of baseline and deep_pre the suite has.
+    path.write_text("runs:\n  - {name: baseline, config: a}\n")
+    assert load_suite(str(path)).compare_to == ("baseline",)
+    path.write_text("runs:\n  - {name: a, config: a}\n")
+    assert load_suite(str(path)).compare_to == ()
+    path.write_text("runs:\n  - {name: systems, config: a}\n")
+    with pytest.raises(ConfigError, match=r"runs\[0\]\.name: 'systems' is a key of results"):
+        load_suite(str(path))
+
+
+def test_a_run_of_one_system_keeps_every_other_systems_statistics(tmp_path, monkeypatch):
+    """``--only``: the report is rebuilt from every run in results.json and on disk, not only
+    the runs of this invocation (the run itself is faked: nothing is trained)."""
+    from deep_nmt_tf.experiments import stages
+
+    suite, results, out, refs = _suite_on_disk(tmp_path, {
+        "baseline-seed1": (1, WEAK), "baseline-seed2": (2, WEAK),
+        "deep_pre-seed1": (1, REFS), "deep_pre-seed2": (2, REFS), "other": (1, WEAK)})
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({k: v for k, v in results.items() if k != "other"}, f)
+    for split in ("train", "valid", "test2016"):
+        for side in ("en", "de"):
+            if not (tmp_path / f"{split}.{side}").exists():
+                (tmp_path / f"{split}.{side}").write_text("a\n", encoding="utf-8")
+    monkeypatch.setattr(stages, "run_one", lambda run, *args, **kwargs: results[run.name])
+    monkeypatch.setattr(stages, "figures", lambda *args: [])
+    got = stages.run_suite(suite, str(tmp_path), out, only=["other"], log=lambda m: None)
+    assert list(got["systems"]) == ["baseline", "deep_pre", "other"]
+    assert got["systems"]["deep_pre"]["runs"] == ["deep_pre-seed1", "deep_pre-seed2"]
+    assert {(c["system"], c["reference"]) for c in got["comparisons"]} == {
+        ("deep_pre", "baseline"), ("other", "baseline"), ("baseline", "deep_pre"),
+        ("other", "deep_pre")}
+    assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == got
+    assert "| other | deep_pre | test2016 | BLEU lc |" in open(
+        os.path.join(out, "results.md"), encoding="utf-8").read()

@@ -55,3 +55,23 @@ def test_call_effect_needs_seeds_and_tests_to_agree():
     # a seed pair in the other direction, or one test not significant
     assert call_effect([40.1, 39.0], [39.5, 39.6], [0.01, 0.01]) == "no effect established"
     assert call_effect([40.1, 40.3], [39.5, 39.6], [0.01, 0.2]) == "no effect established"
+
+
+def test_the_interval_of_the_difference_comes_from_sacrebleus_resamples():
+    """``delta_ci95`` is the 2.5-97.5 percentile range of (system - baseline) over the very
+    resamples sacreBLEU's test draws: the system's resampled scores have sacreBLEU's mean."""
+    from sacrebleu.metrics import BLEU
+
+    from deep_nmt_tf.decoding.significance import _resample_weights, _resampled_bleu
+
+    base = [r if i % 3 == 0 else r.rsplit(" ", 2)[0] + " ." for i, r in enumerate(REFS)]
+    near = base[:1] + [REFS[1]] + base[2:]
+    out = paired_bootstrap(REFS, base, {"perfect": REFS, "near": near}, n_samples=200)
+    for name, hyps in (("perfect", REFS), ("near", near), ("baseline", base)):
+        scores = _resampled_bleu(BLEU(lowercase=True), hyps, REFS, _resample_weights(60, 200))
+        assert scores.mean() == pytest.approx(out[name]["mean"], abs=1e-4)
+    lo, hi = out["perfect"]["delta_ci95"]
+    assert 0 < lo <= out["perfect"]["delta"] <= hi
+    lo, hi = out["near"]["delta_ci95"]  # one sentence fixed: the interval reaches 0
+    assert lo <= 0 <= hi and lo <= out["near"]["delta"] <= hi
+    assert "delta_ci95" not in out["baseline"]

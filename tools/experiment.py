@@ -13,6 +13,20 @@ A killed suite continues where it stopped when run again (finished stages are sk
 alone is ``--only=NAME``.  Writes ``OUTPUT_DIR/results.json``, ``results.md``, ``figures/`` and
 ``runs/<run>/`` (see :mod:`deep_nmt_tf.experiments`).
 
+The length penalty is chosen on dev from the suite's ``length_penalties``; a best value at an
+end of the grid extends it that way (by its spacing, never below 0) while dev BLEU improves, up
+to the suite's ``length_penalty_extension`` values; results.json's ``decoding`` records every
+value tried (``length_penalty_grid``) and ``extended``.
+
+Besides each run's scores, the report gives each system (a run of the suite file with all its
+seeds) its mean, standard deviation and 95% t-interval over the seeds (results.json
+``systems``), and tests it against the suite's ``compare_to`` systems (default ``baseline``
+and ``deep_pre``, those present) by sacreBLEU's paired bootstrap (1,000 resamples, 95%
+intervals) on the same test sentences, seed s against seed s, with the verdict of
+:func:`~deep_nmt_tf.decoding.significance.call_effect` (``comparisons``; results.md shows both
+tables).  Both are rebuilt from every run on disk whenever the tool runs (``--only`` keeps the
+other systems; nothing is retrained or decoded again; a pair already tested is reused).
+
 ``--max_train_minutes=M`` gives each run a training-time budget: its training stops (with a
 checkpoint) once the run's clock, summed over resumes, reaches M minutes, and the run is
 averaged, decoded and scored at the update it reached (``results.json`` records
@@ -113,9 +127,13 @@ def main(argv: Sequence[str]) -> None:
         print("experiment: interrupted; run the same command again to continue (finished "
               f"stages are kept): {cli.resume_command()}", file=sys.stderr)
         sys.exit(130)
+    from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS
+
     for name, entry in results.items():
+        if name in REPORT_KEYS:  # the systems' statistics and comparisons: results.md
+            continue
         scores = ", ".join(f"{test} {s['bleu_lc']:.2f} lc / {s['bleu']:.2f} cased"
-                           for test, s in entry.items() if test not in ("training", "decoding"))
+                           for test, s in entry.items() if test not in RESERVED_KEYS)
         print(f"{name}: {scores}")
 
 

@@ -379,10 +379,11 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
     return _finish(data, locator, source)
 
 
-def load_section(cls, path: str):
+def load_section(cls, path: str, locator: Optional[Locator] = None):
     """Reads a YAML file (``base:`` includes allowed) into the dataclass section ``cls``, with
-    the same checks and ``file:line`` errors as a config (e.g. an experiment suite file)."""
-    locator = Locator()
+    the same checks and ``file:line`` errors as a config (e.g. an experiment suite file).
+    ``locator`` (optional) receives where each key was set (which keys the file gives)."""
+    locator = Locator() if locator is None else locator
     return build_section(cls, _read_yaml(path, locator), "", locator, path)
 
 

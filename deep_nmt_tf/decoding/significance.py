@@ -8,7 +8,8 @@ Two kinds of uncertainty, reported side by side because neither covers the other
   (Koehn 2004; ``sacrebleu.significance.PairedTest`` with ``test_type="bs"``, 1,000 resamples by
   default, resampling seed 12345 unless ``SACREBLEU_SEED`` says otherwise) of one system
   against a baseline on the same test sentences: each system's BLEU, its bootstrap mean with
-  the 95% interval, and the p-value of the difference.
+  the 95% interval, the p-value of the difference, and the 95% percentile interval of the
+  difference itself over the same resamples (sacreBLEU reports the system's interval only).
 
 :func:`call_effect` applies the rule ``docs/RESULTS.md`` uses: a difference is called an effect
 only when the seeds and the test agree (every seed pair significant in the same direction and
@@ -20,7 +21,8 @@ No TensorFlow is imported here.
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Sequence
+import os
+from typing import Dict, List, Mapping, Sequence
 
 __all__ = ["seed_statistics", "paired_bootstrap", "call_effect", "T_975"]
 
@@ -69,10 +71,12 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
       n_samples: bootstrap resamples (1,000: the usual choice, and sacreBLEU's default).
 
     Returns:
-      name -> ``{"bleu", "mean", "ci95": [low, high], "p_value", "delta"}``: the system's
-      BLEU, its bootstrap mean and 95% interval, the p-value of its difference from the
-      baseline, and ``delta`` = its BLEU minus the baseline's.  The baseline itself is under
-      ``"baseline"`` (no p-value).
+      name -> ``{"bleu", "mean", "ci95": [low, high], "p_value", "delta", "delta_ci95"}``: the
+      system's BLEU, its bootstrap mean and 95% interval (sacreBLEU's: the mean plus or minus
+      half the 2.5-97.5 percentile range), the p-value of its difference from the baseline,
+      ``delta`` = its BLEU minus the baseline's, and ``delta_ci95`` the 2.5 and 97.5
+      percentiles of that difference over the same resamples (:func:`_resample_weights`).
+      The baseline itself is under ``"baseline"`` (no p-value, no ``delta_ci95``).
 
     Raises:
       ValueError: a system with another number of sentences than the references.
@@ -92,9 +96,16 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
                       test_type="bs", n_samples=int(n_samples))
     _, scores = test()
     base_score = float(scores["BLEU"][0].score)
+    metric = BLEU(lowercase=lowercase)  # its own: PairedTest's keeps state between calls
+    weights = _resample_weights(len(references), int(n_samples))
+    resampled_base = _resampled_bleu(metric, named[0][1], references, weights)
     out: Dict[str, Dict[str, float]] = {}
-    for name, result in zip(scores["System"], scores["BLEU"]):
+    for (name, hyps), result in zip(named, scores["BLEU"]):
         entry = {"bleu": float(result.score), "delta": float(result.score) - base_score}
+        if out:  # a system, not the baseline (the first)
+            diffs = sorted(_resampled_bleu(metric, hyps, references, weights) - resampled_base)
+            low = len(diffs) // 40  # sacreBLEU's 2.5th percentile index (estimate_ci)
+            entry["delta_ci95"] = [float(diffs[low]), float(diffs[len(diffs) - low - 1])]
         if result.mean is not None:
             entry.update(mean=float(result.mean), ci95=[float(result.mean - result.ci),
                                                         float(result.mean + result.ci)])
@@ -102,6 +113,39 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
             entry["p_value"] = float(result.p_value)
         out[name] = entry
     return out
+
+
+def _resample_weights(n: int, n_samples: int):
+    """How often each of ``n`` sentences is drawn in each resample (``[n_samples, n]``): the
+    draws of sacreBLEU's paired bootstrap (``numpy.random.default_rng`` seeded with
+    ``SACREBLEU_SEED``, 12345 unless set; unseeded for ``none`` or 0, as sacreBLEU), so the
+    interval of the difference comes from the resamples its p-value counts."""
+    import numpy as np
+
+    seed = os.environ.get("SACREBLEU_SEED", "12345")
+    seed = None if seed.lower() == "none" or int(seed) == 0 else int(seed)
+    draws = np.random.default_rng(seed).choice(n, size=(n_samples, n), replace=True)
+    return np.stack([np.bincount(row, minlength=n) for row in draws])
+
+
+def _resampled_bleu(metric, hypotheses: Sequence[str], references: Sequence[str], weights):
+    """Corpus BLEU of each resample (``weights`` from :func:`_resample_weights`), from each
+    sentence's n-gram statistics (sacreBLEU's public ``corpus_score`` of one sentence and
+    ``BLEU.compute_bleu``: the sums are the corpus statistics, so a resample's score is
+    sacreBLEU's score of that resampled corpus)."""
+    import numpy as np
+
+    rows: List[List[float]] = []
+    for hypothesis, reference in zip(hypotheses, references):
+        s = metric.corpus_score([hypothesis], [[reference]])
+        rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
+    sums = weights @ np.asarray(rows, dtype=np.float64)
+    order = metric.max_ngram_order
+    return np.array([metric.compute_bleu(
+        correct=row[2:2 + order], total=row[2 + order:], sys_len=int(row[0]),
+        ref_len=int(row[1]), smooth_method=metric.smooth_method,
+        smooth_value=metric.smooth_value, effective_order=metric.effective_order,
+        max_ngram_order=order).score for row in sums])
 
 
 def call_effect(system_scores: Sequence[float], baseline_scores: Sequence[float],

@@ -8,6 +8,8 @@ scored, with the papers' figures:
 * :mod:`.state`: a run's ``experiment.json`` (what is done; every stage resumable);
 * :mod:`.stages`: the stages over the runner and the checkpoint store (:func:`run_one`,
   :func:`run_suite`);
+* :mod:`.statistics`: each system's scores over its seeds and its paired bootstrap
+  comparisons with the reference systems (results.json's ``systems`` and ``comparisons``);
 * :mod:`.report`: ``results.json``, ``results.md`` and ``figures/``.
 
 Nothing in the core package imports this one (a test checks); scores come from

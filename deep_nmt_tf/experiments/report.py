@@ -1,6 +1,8 @@
 """The report of an experiment suite: ``results.json`` and ``results.md`` (the table, with the
-machines each run trained on) and ``figures/`` (r_t curves, transparent-attention weights, DLCL
-matrices, lexical shortcut gates, embedding-to-layer similarity)."""
+machines each run trained on; then, from results.json's ``systems`` and ``comparisons``
+(:mod:`.statistics`), the table of each system over its seeds and the table of its paired
+comparisons) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices,
+lexical shortcut gates, embedding-to-layer similarity)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,62 @@ import json
 import os
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from deep_nmt_tf.experiments.suite import PlannedRun, Suite
+from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
 
-__all__ = ["markdown", "figures", "write_results"]
+__all__ = ["markdown", "seed_table", "comparison_table", "figures", "write_results"]
+
+_METRIC_NAMES = {"bleu_lc": "BLEU lc", "bleu": "BLEU", "chrf": "chrF"}
+
+
+def _interval(values) -> str:
+    return "" if values is None else f"[{values[0]:.2f}, {values[1]:.2f}]"
+
+
+def seed_table(systems: Dict[str, Dict], tests: Sequence[str]) -> str:
+    """Each system's scores over its seeds: mean +- standard deviation [95% t-interval]."""
+    head = ["system", "seeds"] + [f"{t} {_METRIC_NAMES[m]}" for t in tests
+                                  for m in ("bleu_lc", "bleu", "chrf")]
+    lines = ["Each system over its seeds: mean ± standard deviation [95% t-interval of the "
+             "mean] (one seed: its score).", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, system in systems.items():
+        cells = [name, ", ".join(str(s) for s in system["seeds"])]
+        for test in tests:
+            for metric in ("bleu_lc", "bleu", "chrf"):
+                s = system["tests"].get(test, {}).get(metric)
+                cells.append("" if s is None else f"{s['mean']:.2f}" if s["n"] < 2 else
+                             f"{s['mean']:.2f} ± {s['std']:.2f} {_interval(s['ci95'])}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(comparisons: Sequence[Dict]) -> str:
+    """The paired comparisons: one row per system, reference system, test set and metric."""
+    n = comparisons[0]["n_samples"] if comparisons else 1000
+    head = ["system", "against", "test", "metric", "seed pairs", "Δ", "95% interval of Δ",
+            "p", "Δ over seeds (95% t)", "call"]
+    lines = [f"Paired bootstrap (sacreBLEU, {n:,} resamples) of each system against each "
+             "reference system on the same test sentences, seed by seed (seed s against seed "
+             "s); Δ = system − reference, the mean over the pairs; per pair the 95% interval of "
+             "Δ and the p-value; call: an effect only when two seed pairs or more are each "
+             "significant (p < 0.05) in the direction of the seed means.", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for c in comparisons:
+        pairs = c["pairs"]
+        cells = [c["system"], c["reference"], c["test"], _METRIC_NAMES[c["metric"]],
+                 "; ".join(f"{p['system_seed']}-{p['reference_seed']}" for p in pairs),
+                 f"{c['delta']:+.2f}", "; ".join(_interval(p["delta_ci95"]) for p in pairs),
+                 "; ".join(f"{p['p_value']:.3f}" for p in pairs),
+                 _interval(c["delta_seed_ci95"]) or "(one pair)", c["effect"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
+    """``results.md``: the runs' table, then the systems' and the comparisons' tables when
+    results.json has them."""
+    report = {k: results[k] for k in REPORT_KEYS if k in results}
+    results = {k: v for k, v in results.items() if k not in REPORT_KEYS}
     head = ["run", "params", "precision", "updates", "train min", "alpha"]
     for t in tests:
         head += [f"{t} BLEU lc", f"{t} BLEU", f"{t} chrF"]
@@ -48,6 +100,10 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
             machines.setdefault(r["training"]["hardware"], []).append(name)
     if machines:  # wall times are comparable only between runs on the same machine
         lines += [""] + [f"Trained on {hw}: {', '.join(names)}." for hw, names in machines.items()]
+    if report.get("systems"):
+        lines += ["", seed_table(report["systems"], tests).rstrip("\n")]
+    if report.get("comparisons"):
+        lines += ["", comparison_table(report["comparisons"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -82,6 +138,6 @@ def write_results(results: Dict[str, Dict], path: str, tests: List[str],
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, sort_keys=True)
     os.replace(tmp, path)
-    names = [t for t in tests if any(t in r for r in results.values())]
+    names = [t for t in tests if any(t in r for k, r in results.items() if k not in REPORT_KEYS)]
     with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown(results, names))

@@ -3,8 +3,9 @@ decoded with beam search and scored (``deep-nmt-experiment``), then the suite's 
 
 Every stage is resumable and skipped when done, so a killed suite continues where it stopped:
 training resumes from the run's last checkpoint (the :class:`~deep_nmt_tf.training.Runner`
-decides where); the average, the length-penalty choice, the translations and the scores are
-recorded in the run's ``experiment.json`` (:class:`~deep_nmt_tf.experiments.state.RunState`).
+decides where); the average, the length-penalty choice (and each dev score on the way), the
+translations (``<test>.hyp``) and the scores (with the reference file) are recorded in the run's
+``experiment.json`` (:class:`~deep_nmt_tf.experiments.state.RunState`).
 A run directory is only resumed for the run it was made for: one trained with another seed, or
 with another recipe (a training or data key that changes what is computed: the keys declared
 ``affects_results=False`` in the config schema, :func:`deep_nmt_tf.config.operational_keys`,
@@ -21,8 +22,18 @@ ran: ``timed_from_update`` says where its clock started), parameters, seed, prec
 joined by ``"; then "`` when a run resumed on another), and ``budget`` (``minutes``,
 ``stopped_at``) for a run stopped by ``--max_train_minutes``; and
 ``"decoding"``: the beam, the chosen length penalty, its dev BLEU and ``dev_metric``, ``bleu``
-or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``), ``results.md``
-and ``figures/`` (:mod:`deep_nmt_tf.experiments.report`).
+or, for a model trained on lowercased text (``data.lowercase``), ``bleu_lc``,
+``length_penalty_grid`` (every penalty tried -> its dev score) and ``extended`` (whether the
+grid was extended); and beside the runs, ``"systems"`` and ``"comparisons"``: each system's
+scores over its seeds and its paired bootstrap tests against the suite's ``compare_to``
+systems, rebuilt from every run on disk each time (:mod:`deep_nmt_tf.experiments.statistics`)),
+``results.md`` and ``figures/`` (:mod:`deep_nmt_tf.experiments.report`).
+
+The length penalty is chosen on dev from the suite's ``length_penalties``; when the best is at
+an end of that grid, the grid extends that way by its spacing at that end (never below 0)
+while the dev score improves, at most ``length_penalty_extension`` values (a log line says when
+the cap stopped it).  Each penalty's dev score is saved as soon as it is known, so a resumed
+tool decodes none again; a choice recorded before this extension existed stands as made.
 
 Scores (:func:`deep_nmt_tf.decoding.scoring.table_scores`, the one place that scores): ``bleu``
 is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same lowercased (the number the
@@ -46,13 +57,11 @@ from deep_nmt_tf.config import Config, load_config, operational_keys
 from deep_nmt_tf.decoding.scoring import table_scores
 from deep_nmt_tf.experiments.report import figures, write_results
 from deep_nmt_tf.experiments.state import RunState, read_lines, write_lines
-from deep_nmt_tf.experiments.suite import PlannedRun, Suite, planned_runs
+from deep_nmt_tf.experiments.statistics import update_report
+from deep_nmt_tf.experiments.suite import RESERVED_KEYS, PlannedRun, Suite, planned_runs
 from deep_nmt_tf.hardware import describe_machine, record_hardware
 
 __all__ = ["RESERVED_KEYS", "run_one", "run_suite"]
-
-#: Keys of a run's entry in results.json that are not test sets.
-RESERVED_KEYS = ("training", "decoding")
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,6 +184,88 @@ def _translate(translator, sentences: Sequence[str], beam: int, alpha: float) ->
                                                     length_penalty=alpha)]
 
 
+def _dev_score(translator, sources: Sequence[str], references: Sequence[str], beam: int,
+               alpha: float, metric: str) -> float:
+    """The dev score of one length penalty: the decoding the length-penalty search repeats."""
+    return table_scores(_translate(translator, sources, beam, alpha), references)[metric]
+
+
+def _next_penalty(grid: Sequence[float], tried: Dict[str, float]) -> Optional[float]:
+    """The length penalty beyond the best one tried when that is at an end of what was tried:
+    one step of the grid's spacing at that end further out (never below 0); None when the best
+    is inside, or the grid has one value (no spacing)."""
+    if len(grid) < 2:
+        return None
+    values = sorted(float(a) for a in tried)  # the grid and the values beyond it
+    best = max(values, key=lambda a: (tried[str(a)], -a))  # ties: the smaller penalty
+    if best == values[-1]:
+        return round(best + (grid[-1] - grid[-2]), 6)
+    if best == values[0] and best > 0:
+        return max(0.0, round(best - (grid[1] - grid[0]), 6))
+    return None
+
+
+def _tune_length_penalty(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
+                         metric: str, state: RunState, log: Callable) -> Dict:
+    """Chooses the length penalty on dev (``dev_metric``) from the suite's grid; when the best
+    is at an end of the grid, extends it that way one step at a time
+    (:func:`_next_penalty`) while the dev score improves, at most
+    ``suite.length_penalty_extension`` values (logged when the cap stops it).  Every penalty
+    scored is saved at once (``decoding_search`` in experiment.json until the choice is made)
+    and never decoded again for this average, beam and metric."""
+    from deep_nmt_tf.inference import Translator
+
+    decoding = state.data.get("decoding") or {}
+    earlier: Dict[str, float] = {}
+    for record in (decoding, state.data.get("decoding_search") or {}):
+        if record.get("metric", "bleu") == metric and record.get("beam_size") == suite.beam_size:
+            earlier.update(record.get("tried", {}))
+    grid = sorted(set(suite.length_penalties))
+    tried: Dict[str, float] = {}
+    search = {"beam_size": suite.beam_size, "metric": metric, "tried": earlier}
+    data = []  # the translator and the dev set, loaded for the first penalty decoded
+
+    def score(alpha: float, beyond: bool = False) -> float:
+        if str(alpha) not in earlier:
+            if not data:
+                data.extend([Translator.from_model_dir(model_dir), read_lines(dev[0]),
+                             read_lines(dev[1])])
+            earlier[str(alpha)] = _dev_score(data[0], data[1], data[2], suite.beam_size, alpha,
+                                             metric)
+            log(f"{run.name}: dev {'lowercased ' if metric == 'bleu_lc' else ''}BLEU "
+                f"{earlier[str(alpha)]:.2f} at length penalty {alpha}"
+                + (" (beyond the grid)" if beyond else ""))
+            state.data["decoding_search"] = search
+            state.save()
+        tried[str(alpha)] = earlier[str(alpha)]
+        return tried[str(alpha)]
+
+    for alpha in grid:
+        score(alpha)
+    capped = False
+    while True:
+        best = max(tried.values())
+        alpha = _next_penalty(grid, tried)
+        if alpha is None:
+            break
+        if len(tried) - len(grid) >= suite.length_penalty_extension:
+            capped = suite.length_penalty_extension > 0
+            if capped:
+                log(f"{run.name}: the best length penalty is still at the end of the "
+                    f"{len(tried)} tried after {suite.length_penalty_extension} beyond the grid "
+                    "(length_penalty_extension): stopped there")
+            break
+        if not score(alpha, beyond=True) > best:
+            break
+    choice = max((float(a) for a in tried), key=lambda a: (tried[str(a)], -a))
+    return {"beam_size": suite.beam_size, "length_penalty": choice,
+            "dev_bleu": tried[str(choice)], "metric": metric,
+            "tried": dict(sorted(tried.items(), key=lambda item: float(item[0]))),
+            "candidates": list(suite.length_penalties),
+            "extension": suite.length_penalty_extension,
+            "extended": len(tried) > len(grid), "capped": capped}
+
+
 def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
             tests: Dict[str, Tuple[str, str]], run_dir: str, state: RunState,
             log: Callable) -> Dict[str, Dict]:
@@ -186,28 +277,18 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
     # model trained on lowercased text (it cannot produce case).
     metric = "bleu_lc" if RunDir(model_dir).load_config().data.lowercase else "bleu"
     decoding = state.data.get("decoding")
-    same_metric = decoding is not None and decoding.get("metric", "bleu") == metric
-    if not same_metric or decoding.get("candidates") != list(suite.length_penalties):
-        translator = Translator.from_model_dir(model_dir)
-        sources, refs = read_lines(dev[0]), read_lines(dev[1])
-        # Penalties scored before (a grid that grew) are kept, not decoded again.
-        earlier = (decoding.get("tried", {}) if same_metric
-                   and decoding.get("beam_size") == suite.beam_size else {})
-        tried = {}
-        for alpha in suite.length_penalties:
-            if str(alpha) in earlier:
-                tried[str(alpha)] = earlier[str(alpha)]
-                continue
-            tried[str(alpha)] = table_scores(
-                _translate(translator, sources, suite.beam_size, alpha), refs)[metric]
-            log(f"{run.name}: dev {'lowercased ' if metric == 'bleu_lc' else ''}BLEU "
-                f"{tried[str(alpha)]:.2f} at length penalty {alpha}")
-        best = max(suite.length_penalties, key=lambda a: (tried[str(a)], -a))
-        decoding = {"beam_size": suite.beam_size, "length_penalty": best,
-                    "dev_bleu": tried[str(best)], "tried": tried, "metric": metric,
-                    "candidates": list(suite.length_penalties)}
-        state.data["decoding"] = decoding
-        state.data.pop("tests", None)
+    # A choice made before the grid could extend (no "extension" record) stands as made.
+    done = (decoding is not None and decoding.get("metric", "bleu") == metric
+            and decoding.get("candidates") == list(suite.length_penalties)
+            and decoding.get("extension", suite.length_penalty_extension)
+            == suite.length_penalty_extension)
+    if not done:
+        chosen = _tune_length_penalty(run, suite, model_dir, dev, metric, state, log)
+        if decoding is None or (decoding.get("length_penalty"), decoding.get("beam_size")) != (
+                chosen["length_penalty"], chosen["beam_size"]):
+            state.data.pop("tests", None)  # the tests are decoded with the new choice
+        decoding = state.data["decoding"] = chosen
+        state.data.pop("decoding_search", None)
         state.save()
     results = state.data.setdefault("tests", {})
     for name, (src, ref) in tests.items():
@@ -217,7 +298,7 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
         hyps = _translate(translator, read_lines(src), decoding["beam_size"],
                           decoding["length_penalty"])
         write_lines(os.path.join(run_dir, f"{name}.hyp"), hyps)
-        results[name] = table_scores(hyps, read_lines(ref))
+        results[name] = dict(table_scores(hyps, read_lines(ref)), reference=ref)
         log(f"{run.name}: {name}: BLEU {results[name]['bleu']:.2f} (lowercased "
             f"{results[name]['bleu_lc']:.2f}), chrF {results[name]['chrf']:.2f}")
         state.save()
@@ -245,9 +326,11 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
     out = {name: {k: results[name][k] for k in ("bleu", "bleu_lc", "chrf")}
            for name in tests}
     out["training"] = dict(state.data["training"], averaged=len(state.data["averaged"]))
-    out["decoding"] = {k: state.data["decoding"][k]
-                       for k in ("beam_size", "length_penalty", "dev_bleu")}
-    out["decoding"]["dev_metric"] = state.data["decoding"].get("metric", "bleu")
+    decoding = state.data["decoding"]
+    out["decoding"] = {k: decoding[k] for k in ("beam_size", "length_penalty", "dev_bleu")}
+    out["decoding"].update(dev_metric=decoding.get("metric", "bleu"),
+                           length_penalty_grid=decoding["tried"],
+                           extended=decoding.get("extended", False))
     return out
 
 
@@ -314,6 +397,10 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
         with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
             results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
                                         max_steps, overrides, log, max_train_minutes)
+        # Every system's seed statistics and comparisons, from every run on disk (not only
+        # those of this invocation): a pair tested before is reused.
+        update_report(suite, results, {name: ref for name, (_, ref) in tests.items()},
+                      output_dir, log)
         write_results(results, results_path, list(tests), output_dir)
     first_test = next(iter(tests.values()), dev)
     figures(suite, runs, output_dir, first_test, log)

@@ -13,6 +13,8 @@ A suite file (``configs/multi30k/suite.yaml``) names the corpus layout and the r
     seeds: [1]
     average_last: 10             # the last 10 checkpoints are averaged
     length_penalties: [0.6, 1.0, 1.4]   # tried on the dev set; the best decodes the tests
+    length_penalty_extension: 10        # best at an end: up to 10 more values beyond it
+    compare_to: [baseline, deep_pre]    # paired bootstrap of every system against these
     grad_norm_ratio_runs: [deep_post, deep_post_transparent]
     probe_runs: [baseline, lexical_shortcuts]
     runs:
@@ -30,9 +32,21 @@ import os
 from typing import List, Sequence, Tuple
 
 from deep_nmt_tf.config import ConfigError, field
-from deep_nmt_tf.config.loading import load_section
+from deep_nmt_tf.config.loading import Locator, load_section
 
-__all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "PlannedRun", "planned_runs"]
+__all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "PlannedRun", "planned_runs",
+           "RESERVED_KEYS", "REPORT_KEYS", "DEFAULT_COMPARE_TO"]
+
+#: Keys of a run's entry in results.json that are not test sets.
+RESERVED_KEYS = ("training", "decoding")
+
+#: results.json's top-level keys beside the runs' entries (no run may be named so): the seed
+#: statistics of each system and its paired comparisons (:mod:`.statistics`).
+REPORT_KEYS = ("systems", "comparisons")
+
+#: The reference systems of the papers' suites: the shallow baseline and the deep pre-norm
+#: encoder (those of them a suite has).
+DEFAULT_COMPARE_TO = ("baseline", "deep_pre")
 
 
 @dataclasses.dataclass
@@ -63,6 +77,14 @@ class Suite:
     length_penalties: Tuple[float, ...] = field((0.6,), "Length penalties tried on the dev "
                                                 "set; the best (dev BLEU, lowercased for a "
                                                 "data.lowercase model) decodes the tests.")
+    length_penalty_extension: int = field(
+        10, "When the best length penalty is at an end of the grid, up to this many more values "
+        "are tried beyond it (step: the grid's spacing at that end; never below 0) while dev "
+        "BLEU improves; 0: the grid only.", min=0)
+    compare_to: Tuple[str, ...] = field(
+        DEFAULT_COMPARE_TO, "Reference systems (suite runs): every other system is compared "
+        "with each by the paired bootstrap on the test sets, seed by seed. A name without a "
+        "run is an error; left out, the default keeps those of its names the suite has.")
     grad_norm_ratio_runs: Tuple[str, ...] = field((), "Runs whose r_t curves share a figure.")
     probe_runs: Tuple[str, ...] = field((), "Runs of the embedding-to-layer similarity figure "
                                         "(Emelin et al. Fig. 6-7).")
@@ -74,7 +96,8 @@ class Suite:
 
 def load_suite(path: str) -> Suite:
     """Reads and checks a suite file (errors name file, line and key)."""
-    suite = load_section(Suite, path)
+    locator = Locator()
+    suite = load_section(Suite, path, locator)
     suite.path = path
     names = [r.name for r in suite.runs]
     for i, run in enumerate(suite.runs):
@@ -84,10 +107,16 @@ def load_suite(path: str) -> Suite:
             raise ConfigError(f"{path}: runs[{i}].config: required")
         if names.count(run.name) > 1:
             raise ConfigError(f"{path}: runs[{i}].name: {run.name!r} is used twice")
-    for key in ("grad_norm_ratio_runs", "probe_runs"):
+        if run.name in REPORT_KEYS:
+            raise ConfigError(f"{path}: runs[{i}].name: {run.name!r} is a key of results.json "
+                              f"beside the runs ({', '.join(REPORT_KEYS)}); rename the run")
+    if locator.level("compare_to") < 0:  # not in the file: the default, where it applies
+        suite.compare_to = tuple(n for n in DEFAULT_COMPARE_TO if n in names)
+    for key in ("grad_norm_ratio_runs", "probe_runs", "compare_to"):
         unknown = [n for n in getattr(suite, key) if n not in names]
         if unknown:
-            raise ConfigError(f"{path}: {key}: no run named {unknown[0]!r}")
+            raise ConfigError(f"{locator.where(key, path)}: {key}: no run named "
+                              f"{unknown[0]!r}")
     return suite
 
 
