@@ -221,6 +221,23 @@ def test_a_set_aside_checkpoint_of_the_same_step_is_kept(tmp_path, monkeypatch):
     assert _files(run) == ["ckpt-4.index.unreadable"]
 
 
+def test_a_non_chief_worker_removes_its_temporary_copy(tmp_path, monkeypatch):
+    """Under multi-worker a non-chief writes into a temporary directory of its own: a full disk
+    there removes it and names it."""
+    run = str(tmp_path / "run")
+    step = tf.Variable(2, dtype=tf.int64)
+    saver = CheckpointStore(run).saver(tf.train.Checkpoint(step=step), 3, step, chief=False)
+    temporary = saver._write_directory
+    _fail_save(monkeypatch, "merge", at_step=2)
+    with pytest.raises(DiskFullError) as raised:
+        saver.save()
+    assert re.fullmatch(
+        rf"cannot save this worker's copy of checkpoint ckpt-2 in {re.escape(temporary)}: the "
+        rf"disk is full {FREE}; it was removed: free space on this worker and rerun",
+        str(raised.value)), str(raised.value)
+    assert not os.path.exists(temporary) and not os.path.exists(run)
+
+
 # =============================================================================================
 # The custom loop: a periodic save and a save on SIGTERM fail; a rerun resumes
 # =============================================================================================
