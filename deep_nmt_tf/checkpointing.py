@@ -36,6 +36,15 @@ only the valid checkpoints up to the resumed one, so that the rotation of
 Under ``MultiWorkerMirroredStrategy`` every worker must take part in saving; non-chief workers
 write to a temporary directory that is deleted afterwards (the ``tf.distribute`` recipe,
 :class:`CheckpointSaver`), and only the chief repairs the chief's directory.
+
+A full disk.  ``tf.train.Checkpoint`` writes ``ckpt-N_temp/part-*`` (through ``*.tempstate*``
+files), merges them into ``ckpt-N.index`` and renames the ``.data-*`` shards beside it, then
+rewrites the ``checkpoint`` file (through ``checkpoint.tmp<hex>``); a write that fails for
+space leaves some of these (an empty ``_temp`` directory, a complete shard without an index, an
+empty ``ckpt-N.index`` ...).  :meth:`CheckpointSaver.save` then removes them
+(:func:`remove_partial`: a whole ``ckpt-N`` is kept, the rotation may have deleted the oldest
+one already) and raises the store's :class:`~deep_nmt_tf.checkpoints.disk.DiskFullError`,
+naming the last intact checkpoint, which a rerun resumes from.
 """
 
 from __future__ import annotations
@@ -51,13 +60,14 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf.checkpoints.disk import DiskFullError, free_bytes, is_disk_full
 from deep_nmt_tf.run_dir import (CHECKPOINT_PREFIX, CHECKPOINT_STATE_FILENAME, UNREADABLE_SUFFIX,
                                  CheckpointError, checkpoint_step, set_aside_files)
 
 __all__ = ["CheckpointError", "model_trackable", "model_checkpoint", "restore_model_weights",
            "model_variable_key", "check_model_checkpoint", "checkpoint_step", "list_checkpoints",
            "find_checkpoints", "checkpoint_files", "checkpoint_problem", "set_aside",
-           "has_object", "CheckpointSaver"]
+           "remove_partial", "has_object", "CheckpointSaver"]
 
 _STATE_FILE = CHECKPOINT_STATE_FILENAME
 _PREFIX = CHECKPOINT_PREFIX
@@ -161,6 +171,50 @@ def set_aside(path: str) -> List[str]:
     """Renames the files of a damaged checkpoint to ``<file>.unreadable`` (a free name);
     returns the new names."""
     return set_aside_files(checkpoint_files(path))
+
+
+def remove_partial(path: str) -> List[str]:
+    """Removes what a failed save of checkpoint ``path`` (``DIR/ckpt-N``) left (module
+    docstring): its ``.index`` and ``.data-*`` files unless they make a whole checkpoint (the
+    save failed after them, on the ``checkpoint`` file, possibly after the rotation deleted
+    the oldest: then ``path`` is the last intact checkpoint), ``ckpt-N_temp/``, and in ``DIR``
+    every other ``ckpt-*_temp/`` directory and ``*.tempstate*`` file (leftovers of a save that
+    was killed: never part of a checkpoint); then the ``checkpoint`` file is rewritten to list
+    the checkpoints present if it lists others.  Returns the removed names."""
+    directory = os.path.dirname(path) or "."
+    names = []
+    if checkpoint_problem(path) is not None:
+        names += glob.glob(glob.escape(path) + ".index*") + glob.glob(glob.escape(path) +
+                                                                      ".data-*")
+    names += glob.glob(os.path.join(glob.escape(directory), f"{_PREFIX}-*_temp"))
+    names += glob.glob(os.path.join(glob.escape(directory), "*.tempstate*"))
+    removed = []
+    for name in sorted(set(names)):
+        if UNREADABLE_SUFFIX in name:  # (A damaged checkpoint of that step, set aside: kept.)
+            continue
+        if os.path.isdir(name):
+            shutil.rmtree(name, ignore_errors=True)
+        elif os.path.exists(name):
+            os.remove(name)
+        removed.append(name)
+    state, present = os.path.join(directory, _STATE_FILE), list_checkpoints(directory)
+    try:
+        if present:
+            _repair_state(directory, present)
+        elif os.path.exists(state):  # (It lists only the failed checkpoint.)
+            os.remove(state)
+    except OSError as e:  # (Still no space: a resume skips the missing entries, WARNING.)
+        logging.warning("Cannot rewrite %s (%s)", state, e)
+        for name in glob.glob(glob.escape(state) + ".tmp*"):
+            os.remove(name)
+    return removed
+
+
+def _repair_state(directory: str, keep: Sequence[str]) -> None:
+    """Rewrites ``DIRECTORY/checkpoint`` to list ``keep`` if it lists other checkpoints."""
+    listed = {os.path.normpath(p) for p in _listed_checkpoints(directory)}
+    if listed != {os.path.normpath(p) for p in keep}:
+        _write_state(directory, keep)
 
 
 def _write_state(directory: str, paths: Sequence[str]) -> None:
@@ -305,12 +359,16 @@ class CheckpointSaver:
       max_to_keep: checkpoints kept (``training.keep_checkpoints``).
       step_counter: the variable whose value numbers the checkpoints.
       chief: whether this worker is the chief.
+      store: the run directory's :class:`~deep_nmt_tf.checkpoints.CheckpointStore` (the
+        store's :meth:`~deep_nmt_tf.checkpoints.CheckpointStore.saver` passes itself): a save
+        that fails for a full disk becomes its ``disk_full`` error (:meth:`save`).
     """
 
     def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, max_to_keep: int,
-                 step_counter: tf.Variable, chief: bool = True):
+                 step_counter: tf.Variable, chief: bool = True, store=None):
         self.directory = directory
         self.chief = chief
+        self._store = store
         self._max_to_keep = max_to_keep
         self._step_counter = step_counter
         self._write_directory = directory if chief else tempfile.mkdtemp(
@@ -338,12 +396,9 @@ class CheckpointSaver:
         """
         self.restored = path
         if self.chief:
-            listed = {os.path.normpath(p) for p in _listed_checkpoints(self.directory)}
-            keep = [] if path is None else [
+            _repair_state(self.directory, [] if path is None else [
                 p for p in list_checkpoints(self.directory)
-                if checkpoint_step(p) <= checkpoint_step(path)]
-            if listed != {os.path.normpath(p) for p in keep}:
-                _write_state(self.directory, keep)
+                if checkpoint_step(p) <= checkpoint_step(path)])
         if path is None:
             return None
         status = self.checkpoint.restore(path)
@@ -356,13 +411,35 @@ class CheckpointSaver:
         return os.path.join(self.directory, f"{_PREFIX}-{step}")
 
     def save(self) -> Optional[str]:
-        """Writes a checkpoint numbered by the step counter; returns the chief's path."""
+        """Writes a checkpoint numbered by the step counter; returns the chief's path.
+
+        Raises:
+          DiskFullError: the disk is full: the files the save left are removed (module
+            docstring); the message names the free space and the last intact checkpoint
+            (:meth:`deep_nmt_tf.checkpoints.CheckpointStore.disk_full`; without a store, the
+            error is TensorFlow's).  On a non-chief worker, its temporary directory's disk.
+        """
         if self._manager is None:
             self._manager = tf.train.CheckpointManager(
                 self.checkpoint, self._write_directory, max_to_keep=self._max_to_keep,
                 step_counter=self._step_counter, checkpoint_name=_PREFIX)
         step = int(self._step_counter.numpy())
-        path = self._manager.save(checkpoint_number=step)
+        if not self.chief:
+            try:
+                self._manager.save(checkpoint_number=step)
+            except Exception as e:  # noqa: BLE001 - ResourceExhaustedError, OSError ...
+                if not is_disk_full(e):
+                    raise
+                shutil.rmtree(self._write_directory, ignore_errors=True)
+                raise DiskFullError(
+                    self._write_directory, free_bytes(self._write_directory), None,
+                    f"this worker's copy of checkpoint {_PREFIX}-{step}", "it was removed: free "
+                    "space on this worker and rerun") from None
+        elif self._store is not None:
+            with self._store.writing(f"checkpoint {_PREFIX}-{step}", [self.chief_path(step)]):
+                path = self._manager.save(checkpoint_number=step)
+        else:
+            path = self._manager.save(checkpoint_number=step)
         if not self.chief:
             shutil.rmtree(self._write_directory, ignore_errors=True)
             return None

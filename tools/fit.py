@@ -21,8 +21,9 @@ skips it).  Another process writing ``--model_dir`` (a training of either route,
 refused, naming it (:mod:`deep_nmt_tf.run_lock`).
 
 Exit status: 0 on success, 2 for an invalid config or data, a config too large for the memory,
-a run directory in use, or checkpoints none of which can be read (a damaged newer one is skipped
-with a WARNING and kept, renamed ``*.unreadable``).
+a run directory in use, checkpoints none of which can be read (a damaged newer one is skipped
+with a WARNING and kept, renamed ``*.unreadable``), or a full disk (the partial file removed;
+the message names the free space and the last intact checkpoint, which a rerun resumes from).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _fit() -> None:
     """Preprocesses (with ``--config``) and trains ``--model_dir`` (whose lock the caller
     holds)."""
     from deep_nmt_tf import sizing
-    from deep_nmt_tf.checkpoints import CheckpointError
+    from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointError, CheckpointStore
     from deep_nmt_tf.config import ConfigError, load_config, require_training_data
     from deep_nmt_tf.data.text_io import DataError
 
@@ -89,13 +90,15 @@ def _fit() -> None:
 
             sized = config or RunDir(FLAGS.model_dir).load_config(FLAGS.override)
             sizing.check_fits(sizing.estimate(sized, FLAGS.model_dir))
-        if config is not None:
-            from deep_nmt_tf.data.preprocess import preprocess_run
+        # A full disk (a checkpoint, run.json, the token ids ...): DiskFullError.
+        with CheckpointStore(FLAGS.model_dir).writing(kind=KERAS_WEIGHTS):
+            if config is not None:
+                from deep_nmt_tf.data.preprocess import preprocess_run
 
-            preprocess_run(config, FLAGS.model_dir)
-        from deep_nmt_tf.fit.run import train
+                preprocess_run(config, FLAGS.model_dir)
+            from deep_nmt_tf.fit.run import train
 
-        results = train(FLAGS.model_dir, FLAGS.override)
+            results = train(FLAGS.model_dir, FLAGS.override)
     except (ConfigError, DataError, FileNotFoundError, CheckpointError, sizing.SizeError) as e:
         _fail(str(e))
     if results:

@@ -30,8 +30,10 @@ Exit status: 0 on success (``--check``: the config is valid and fits); 1 when tr
 on an error it names (non-finite updates, a lost worker) and for a flag error that absl reports
 with its usage message (an unknown or missing flag); 2 for an invalid config, ``--strategy``,
 data or run directory (the message names the file, line and key; no traceback), a config too
-large for the memory, or a run directory in use; 128 + the signal's number (143 for SIGTERM,
-130 for Ctrl-C) after an interruption that saved a checkpoint.
+large for the memory, a run directory in use, or a full disk (a checkpoint or another file
+that cannot be written: its partial files are removed and the message names the free space and
+the last intact checkpoint, which the same command resumes from once there is space); 128 + the
+signal's number (143 for SIGTERM, 130 for Ctrl-C) after an interruption that saved a checkpoint.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def _check_size(config) -> None:
 
 def _train(config) -> None:
     """Trains ``config`` in ``--model_dir`` (whose lock the caller holds)."""
-    from deep_nmt_tf.checkpointing import CheckpointError
+    from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointError, CheckpointStore
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.training import (Runner, TrainingDiverged, TrainingInterrupted,
@@ -154,22 +156,29 @@ def _train(config) -> None:
                                  worker_timeout=FLAGS.worker_timeout)
     except ValueError as e:
         _fail(f"--strategy={FLAGS.strategy}: {e}")
+    # Any write that finds the disk full (a checkpoint, run.json, the vocabulary ...) is a
+    # DiskFullError: its partial files removed, the last intact checkpoint named.
+    store = CheckpointStore(FLAGS.model_dir)
     try:
-        runner = Runner(config, FLAGS.model_dir, strategy=strategy,
-                        checkpoint_iterator=FLAGS.checkpoint_data_iterator,
-                        start_over=FLAGS.start_over)
+        with store.writing(kind=TF_CHECKPOINT):
+            runner = Runner(config, FLAGS.model_dir, strategy=strategy,
+                            checkpoint_iterator=FLAGS.checkpoint_data_iterator,
+                            start_over=FLAGS.start_over)
     except (ConfigError, DataError, CheckpointError) as e:  # E.g. another model's model_dir.
         _fail(str(e))
     except KeyboardInterrupt:  # Before training: nothing new to save.
         print("train: interrupted before training started", file=sys.stderr)
         sys.exit(130)
     try:
-        results = runner.run()
+        with store.writing(kind=TF_CHECKPOINT):
+            results = runner.run()
     except TrainingInterrupted as e:
         cli.exit_interrupted("train", e, drop=("--start_over",))
     except (TrainingDiverged, WorkerLost) as e:
         print(f"train: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except CheckpointError as e:  # A full disk (DiskFullError).
+        _fail(str(e))
     if results:
         logging.info("Done: %s", ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
 

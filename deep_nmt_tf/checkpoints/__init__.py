@@ -6,13 +6,16 @@
   (:mod:`deep_nmt_tf.checkpointing`, TensorFlow) and ``ckpt-N.weights.h5`` of ``fit``, with
   the same integrity checks and damaged-file handling;
 * :mod:`.averaging`: checkpoint averaging into a new run directory (TensorFlow; imported when
-  used).
+  used);
+* :mod:`.disk`: :class:`DiskFullError`, a write that failed because the disk is full (the
+  store's :meth:`CheckpointStore.disk_full`).
 """
 
+from deep_nmt_tf.checkpoints.disk import DiskFullError, is_disk_full
 from deep_nmt_tf.checkpoints.formats import (KERAS_WEIGHTS, TF_CHECKPOINT, CheckpointFormat,
                                              format_of)
 from deep_nmt_tf.checkpoints.store import CheckpointStore, Resume
 from deep_nmt_tf.run_dir import CheckpointError
 
-__all__ = ["CheckpointStore", "Resume", "CheckpointFormat", "CheckpointError", "format_of",
-           "TF_CHECKPOINT", "KERAS_WEIGHTS"]
+__all__ = ["CheckpointStore", "Resume", "CheckpointFormat", "CheckpointError", "DiskFullError",
+           "is_disk_full", "format_of", "TF_CHECKPOINT", "KERAS_WEIGHTS"]

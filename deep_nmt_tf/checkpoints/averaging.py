@@ -16,12 +16,15 @@ of the same ``model_dir``'s checkpoints, which a new average replaces; a checkpo
 model is
 refused naming the first variable that differs (before anything is written); checkpoints from
 several run directories are averaged with a WARNING (unrelated runs of one architecture average
-to garbage unless one was warm-started from the other).
+to garbage unless one was warm-started from the other).  An average that cannot be written
+because the disk is full is removed (its checkpoint's partial files, the copied vocabulary,
+``config.yaml``, ``run.json``) and raises :class:`~deep_nmt_tf.checkpoints.disk.DiskFullError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import shutil
 from typing import List, Optional, Sequence
@@ -30,7 +33,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import checkpoint_files, find_checkpoints, model_checkpoint
+from deep_nmt_tf.checkpointing import (checkpoint_files, find_checkpoints, model_checkpoint,
+                                       remove_partial)
+from deep_nmt_tf.checkpoints.disk import DiskFullError, free_bytes, is_disk_full
 from deep_nmt_tf.checkpoints.formats import format_of
 from deep_nmt_tf.run_dir import RunDir, checkpoint_step
 
@@ -93,6 +98,8 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     Raises:
       RunDirError: ``output_dir`` holds another run and not ``overwrite``.
       CheckpointError: a checkpoint is damaged or of another model.
+      DiskFullError: the disk of ``output_dir`` is full (nothing of the average is left
+        there).
       FileNotFoundError: no (such) checkpoint.
     """
     from deep_nmt_tf.models import build_model
@@ -135,16 +142,43 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     state = os.path.join(output_dir, "checkpoint")
     if os.path.exists(state):
         os.remove(state)
+    step = max(max(checkpoint_step(p) for p in checkpoints), 0)
+    try:
+        path = _write_average(source, target, config, model, checkpoints, step)
+    except Exception as e:  # noqa: BLE001 - TensorFlow's ResourceExhaustedError, OSError ...
+        if not is_disk_full(e):
+            raise
+    else:
+        logging.info("Wrote the average of %d checkpoints to %s", len(checkpoints), path)
+        return path
+    # A full disk: what was written is removed (an average is written whole or not at all).
+    prefix = target.checkpoint_prefix(step)
+    remove_partial(prefix)
+    vocab_src = os.path.abspath(source.vocab_path(config))
+    for name in (target.default_tokenizer_path(config), target.config_path,
+                 target.metadata_path, state, target.averaged_list_path):
+        for leftover in [name] + glob.glob(glob.escape(name) + ".tmp*"):
+            if os.path.isfile(leftover) and os.path.abspath(leftover) != vocab_src:
+                os.remove(leftover)
+    raise DiskFullError(
+        output_dir, free_bytes(output_dir), None,
+        f"the average of {len(checkpoints)} checkpoints ({os.path.basename(prefix)})",
+        f"nothing of it was kept, and the averaged checkpoints are intact: free space and "
+        f"rerun") from None
+
+
+def _write_average(source: RunDir, target: RunDir, config, model, checkpoints: Sequence[str],
+                   step: int) -> str:
+    """Writes the averaged run directory (module docstring); returns the checkpoint."""
     vocab_src = source.vocab_path(config)
     vocab_dst = target.default_tokenizer_path(config)
     if os.path.abspath(vocab_src) != os.path.abspath(vocab_dst):
         shutil.copyfile(vocab_src, vocab_dst)
     target.write_config(dataclasses.replace(config, data=dataclasses.replace(
         config.data, vocab=vocab_dst)))
-    step = max(checkpoint_step(p) for p in checkpoints)
-    manager = tf.train.CheckpointManager(model_checkpoint(model), output_dir, max_to_keep=None)
-    path = manager.save(checkpoint_number=max(step, 0))
+    manager = tf.train.CheckpointManager(model_checkpoint(model), target.path,
+                                         max_to_keep=None)
+    path = manager.save(checkpoint_number=step)
     with open(target.averaged_list_path, "w", encoding="utf-8") as f:
         f.writelines(p + "\n" for p in checkpoints)
-    logging.info("Wrote the average of %d checkpoints to %s", len(checkpoints), path)
     return path

@@ -13,6 +13,9 @@ integrity check        missing ``.index``/``.data`` files, an      a missing fil
                        data file, a checksum mismatch (every       whose datasets do not all
                        tensor is read)                             read (a truncated file)
 damaged files          renamed ``<file>.unreadable`` (kept)        the same
+a failed save          its ``.index`` and ``.data-*`` files,       the file it was written as
+(``remove_partial``)   ``ckpt-N_temp/``, ``*.tempstate*``          (``ckpt-N.partial.weights.
+                                                                   h5``; renamed when complete)
 restore the model      :func:`deep_nmt_tf.checkpointing.           ``model.load_weights``
                        restore_model_weights` (every variable      (any backend)
                        checked first)
@@ -30,10 +33,10 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from deep_nmt_tf.run_dir import RunDir, is_keras_weights, set_aside_files
+from deep_nmt_tf.run_dir import KERAS_WEIGHTS_SUFFIX, RunDir, is_keras_weights, set_aside_files
 
 __all__ = ["TF_CHECKPOINT", "KERAS_WEIGHTS", "CheckpointFormat", "TFCheckpoints",
-           "KerasWeights", "FORMATS", "format_of"]
+           "KerasWeights", "FORMATS", "format_of", "partial_name"]
 
 #: The kinds of checkpoint (:attr:`CheckpointFormat.kind`).
 TF_CHECKPOINT = "ckpt"
@@ -75,6 +78,10 @@ class CheckpointFormat:
         """Loads the model weights of checkpoint ``path`` into the built ``model``."""
         raise NotImplementedError
 
+    def remove_partial(self, path: str) -> List[str]:
+        """Removes what a failed save of checkpoint ``path`` left; returns the removed names."""
+        raise NotImplementedError
+
 
 class TFCheckpoints(CheckpointFormat):
     """``ckpt-N`` (``tf.train.Checkpoint``): :mod:`deep_nmt_tf.checkpointing`."""
@@ -106,6 +113,11 @@ class TFCheckpoints(CheckpointFormat):
         from deep_nmt_tf.checkpointing import set_aside
 
         return set_aside(path)
+
+    def remove_partial(self, path: str) -> List[str]:
+        from deep_nmt_tf.checkpointing import remove_partial
+
+        return remove_partial(path)
 
     def restore_model(self, model, path: str) -> None:
         from deep_nmt_tf.checkpointing import restore_model_weights
@@ -149,6 +161,13 @@ class KerasWeights(CheckpointFormat):
     def set_aside(self, path: str) -> List[str]:
         return set_aside_files([path])
 
+    def remove_partial(self, path: str) -> List[str]:
+        # (CheckpointStore.save writes partial_name(path), renamed to path once complete.)
+        removed = [name for name in (partial_name(path),) if os.path.exists(name)]
+        for name in removed:
+            os.remove(name)
+        return removed
+
     def restore_model(self, model, path: str) -> None:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such weights file")
@@ -157,6 +176,13 @@ class KerasWeights(CheckpointFormat):
 
 #: The formats, in the order a tie at the same step is broken (the later one wins).
 FORMATS = (KerasWeights(), TFCheckpoints())
+
+
+def partial_name(path: str) -> str:
+    """The name a ``ckpt-N.weights.h5`` is written as before it is complete:
+    ``ckpt-N.partial.weights.h5`` (Keras needs the suffix; the run directory lists no such
+    name)."""
+    return path[:-len(KERAS_WEIGHTS_SUFFIX)] + ".partial" + KERAS_WEIGHTS_SUFFIX
 
 
 def format_of(path: str) -> CheckpointFormat:

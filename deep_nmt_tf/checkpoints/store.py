@@ -21,7 +21,14 @@ treats them alike:
   way (``fit`` only from a ``.weights.h5`` that passes the check);
 * :meth:`CheckpointStore.saver` (the custom loop's ``tf.train.CheckpointManager``,
   :class:`deep_nmt_tf.checkpointing.CheckpointSaver`) and :meth:`CheckpointStore.save`
-  (``fit``'s ``.weights.h5``, rotated to ``training.keep_checkpoints``);
+  (``fit``'s ``.weights.h5``, written under a temporary name and renamed, rotated to
+  ``training.keep_checkpoints``);
+* :meth:`CheckpointStore.writing` / :meth:`CheckpointStore.disk_full`: a write into the run
+  directory that fails because the disk is full (a checkpoint of either kind, ``config.yaml``,
+  ``run.json`` ...) leaves no partial file (the failed checkpoint's, by its format, and the
+  run directory's ``<file>.tmp*``) and raises :class:`~deep_nmt_tf.checkpoints.disk.
+  DiskFullError`: the directory, the free space and the last intact checkpoint, which a rerun
+  resumes from;
 * :meth:`CheckpointStore.average`: the average of the last checkpoints, written as a new run
   directory (:mod:`deep_nmt_tf.checkpoints.averaging`).
 
@@ -36,13 +43,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import glob
 import os
+import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from absl import logging
 
-from deep_nmt_tf.checkpoints.formats import FORMATS, CheckpointFormat, format_of
-from deep_nmt_tf.run_dir import UNREADABLE_SUFFIX, CheckpointError, RunDir, checkpoint_step
+from deep_nmt_tf.checkpoints.disk import DiskFullError, free_bytes, is_disk_full
+from deep_nmt_tf.checkpoints.formats import FORMATS, CheckpointFormat, format_of, partial_name
+from deep_nmt_tf.run_dir import (CHECKPOINT_STATE_FILENAME, CONFIG_FILENAME, DATA_STATS_FILENAME,
+                                 METADATA_FILENAME, UNREADABLE_SUFFIX, CheckpointError, RunDir,
+                                 checkpoint_step)
 
 __all__ = ["CheckpointStore", "Resume"]
 
@@ -217,17 +231,92 @@ class CheckpointStore:
         from deep_nmt_tf.checkpointing import CheckpointSaver
 
         return CheckpointSaver(checkpoint, self.directory, max_to_keep=max_to_keep,
-                               step_counter=step_counter, chief=chief)
+                               step_counter=step_counter, chief=chief, store=self)
 
     def save(self, model, step: int, keep: int) -> str:
         """``fit``'s checkpoint: ``model.save_weights`` to ``ckpt-<step>.weights.h5`` (model and
-        optimizer weights); the older ``.weights.h5`` beyond the newest ``keep`` are deleted."""
+        optimizer weights); the older ``.weights.h5`` beyond the newest ``keep`` are deleted.
+
+        The file is written as ``ckpt-<step>.partial.weights.h5`` (never listed) and renamed
+        when complete, so a failed or killed save never leaves a partial file under a
+        checkpoint's name.
+
+        Raises:
+          DiskFullError: the disk is full (:meth:`disk_full`; the partial file removed).
+        """
         os.makedirs(self.directory, exist_ok=True)
         path = self.run_dir.keras_weights_path(step)
-        model.save_weights(path)
+        full = False
+        hooks = sys.unraisablehook, sys.excepthook
+        try:
+            model.save_weights(partial_name(path), overwrite=True)
+            os.replace(partial_name(path), path)
+        except Exception as e:  # noqa: BLE001 - h5py's OSError, Keras' errors ...
+            full = is_disk_full(e)
+            if not full:
+                format_of(path).remove_partial(path)
+                raise
+            # Keras leaves the h5py file open: it is closed when the error's frames go, and
+            # h5py, unable to flush to a full disk, prints tracebacks (through both hooks).
+            sys.unraisablehook = sys.excepthook = _ignore
+        if full:
+            try:
+                gc.collect()
+            finally:
+                sys.unraisablehook, sys.excepthook = hooks
+            raise self.disk_full(f"checkpoint {os.path.basename(path)}", [path])
         for old in self.run_dir.list_keras_weights()[:-max(1, int(keep))]:
             os.remove(old)
         return path
+
+    # -- a full disk ---------------------------------------------------------------------------
+    def disk_full(self, target: str, partial: Sequence[str] = (), kind: Optional[str] = None
+                  ) -> DiskFullError:
+        """The error of a write into the run directory that failed because the disk is full,
+        once its partial files are removed: the ``partial`` checkpoints' leftovers (each by its
+        format's :meth:`~deep_nmt_tf.checkpoints.formats.CheckpointFormat.remove_partial`) and
+        the run directory's temporary files (``config.yaml``, ``run.json``,
+        ``data_stats.json`` and ``checkpoint`` are written as ``<file>.tmp*`` and renamed).
+
+        Args:
+          target: what could not be saved (``checkpoint ckpt-400``, ``config.yaml`` ...).
+          partial: the checkpoints being written (``DIR/ckpt-N``, ``DIR/ckpt-N.weights.h5``).
+          kind: the kind of checkpoint a rerun resumes from, for "the last intact checkpoint"
+            (default: the kind of ``partial``'s first, or either kind).
+        """
+        removed = []
+        for path in partial:
+            removed += format_of(path).remove_partial(path)
+        for name in (CONFIG_FILENAME, METADATA_FILENAME, DATA_STATS_FILENAME,
+                     CHECKPOINT_STATE_FILENAME):
+            for leftover in glob.glob(glob.escape(self.run_dir.join(name)) + ".tmp*"):
+                os.remove(leftover)
+                removed.append(leftover)
+        for name in removed:
+            logging.info("Removed %s (a partial write)", name)
+        if kind is None and partial:
+            kind = format_of(partial[0]).kind
+        last = self.latest(kinds=None if kind is None else [kind])
+        return DiskFullError(self.directory, free_bytes(self.directory), last, target)
+
+    @contextlib.contextmanager
+    def writing(self, target: Optional[str] = None, partial: Sequence[str] = (),
+                kind: Optional[str] = None):
+        """A block that writes into the run directory: an exception that says the disk is full
+        (:func:`~deep_nmt_tf.checkpoints.disk.is_disk_full`) becomes :meth:`disk_full`'s
+        error (arguments as there; ``target`` None: the name of the file the error names, or
+        "a file"); any other exception passes unchanged."""
+        try:
+            yield self
+        except Exception as e:  # noqa: BLE001 - TensorFlow's, h5py's and Python's errors alike
+            if isinstance(e, DiskFullError) or not is_disk_full(e):
+                raise
+            if target is None:
+                filename = getattr(e, "filename", None)
+                target = os.path.basename(os.fspath(filename)) if filename else "a file"
+        else:
+            return
+        raise self.disk_full(target, partial, kind) from None
 
     def average(self, output_dir: str, last: int = 5,
                 checkpoints: Optional[Sequence[str]] = None, overwrite: bool = False) -> str:
@@ -239,3 +328,7 @@ class CheckpointStore:
         return average_checkpoints(self.directory, output_dir, last=last,
                                    checkpoints=checkpoints, overwrite=overwrite)
 
+
+
+def _ignore(*args) -> None:
+    """A ``sys.unraisablehook`` (``sys.excepthook``) that prints nothing."""

@@ -96,7 +96,8 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     run_dir = RunDir(model_dir)
     config = run_dir.load_config(overrides)
     compiling.check_fit_config(config)
-    run_dir.save_config(config)
+    with CheckpointStore(run_dir).writing(kind=KERAS_WEIGHTS):  # A full disk: DiskFullError.
+        run_dir.save_config(config)
     t = config.training
     sha = (run_dir.metadata().get("vocab") or {}).get("sha256")
     train_ids = TokenIds.load(run_dir.token_file("train"), vocab_sha256=sha)

@@ -43,7 +43,11 @@ it and owns everything around it, in this order:
    TrainingInterrupted`; ``training.max_consecutive_skipped`` non-finite updates in a row raise
    :class:`~deep_nmt_tf.training.health.TrainingDiverged` (a due checkpoint waits for the next
    applied update); an exploding loss is warned about; a lost worker of a multi-worker run
-   raises :class:`~deep_nmt_tf.training.health.WorkerLost`.
+   raises :class:`~deep_nmt_tf.training.health.WorkerLost`.  A checkpoint (periodic, on a
+   signal, at a stop request or at the end) or ``config.yaml``/``run.json`` that cannot be
+   written because the disk is full raises :class:`~deep_nmt_tf.checkpoints.DiskFullError`
+   (its partial files removed; the message names the free space and the last intact
+   checkpoint, which a rerun resumes from).
 
 Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the trainer's
 :meth:`~deep_nmt_tf.training.interface.TrainerInterface.checkpoint_items` (the model, with the
@@ -158,7 +162,8 @@ class Runner:
     Raises:
       ConfigError: ``model_dir`` was trained with a different model config or vocabulary.
       CheckpointError: checkpoint files, none readable (and not ``start_over``), or
-        ``start_over`` with a readable checkpoint.
+        ``start_over`` with a readable checkpoint; :class:`~deep_nmt_tf.checkpoints.
+        DiskFullError` when ``config.yaml`` or ``run.json`` cannot be written for space.
       TypeError: the factory's trainer lacks a member of the declared interface.
     """
 
@@ -180,7 +185,8 @@ class Runner:
         self.trainer = trainer(config, self.run_dir, self.strategy, **trainer_options)
         _check_interface(self.trainer)
         self.config = self.trainer.config
-        self.run_dir.save_config(self.config, write=self.is_chief)
+        with self.checkpoints.writing("config.yaml and run.json", kind=TF_CHECKPOINT):
+            self.run_dir.save_config(self.config, write=self.is_chief)
         trainer = self.trainer
         self._checkpoint_items = trainer.checkpoint_items()
         self.checkpoint = tf.train.Checkpoint(**self._checkpoint_items)
@@ -394,6 +400,11 @@ class Runner:
           The last logged training metrics (averages over the last ``log_every`` steps) and the
           last evaluation (``eval_*`` keys); empty if there was nothing to do.  After a stop
           request (:meth:`request_stop`) :attr:`stopped` says why.
+
+        Raises:
+          DiskFullError: a checkpoint could not be written for space (module docstring).
+          TrainingInterrupted, TrainingDiverged, WorkerLost: :mod:`~deep_nmt_tf.training.
+            health`.
         """
         trainer = self.trainer
         t = self.config.training
