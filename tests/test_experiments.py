@@ -1,6 +1,7 @@
 """deep-nmt-experiment: the Multi30k suite file, and a short run of it on tiny synthetic data
 (train, average, tune the length penalty on dev, decode, score, results.json, resume)."""
 
+import dataclasses
 import json
 import math
 import os
@@ -199,9 +200,9 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
         "length_penalty_extension: 10", "length_penalty_extension: 0"), encoding="utf-8")
     assert load_suite(str(suite)).length_penalty_extension == 0
     args = [f"--suite={suite}", f"--data_dir={data}", f"--output_dir={out}",
-            "--only=baseline", "--max_steps=300",
+            "--only=baseline", "--max_steps=60",
             f"--extra_test=again={data}/test2016.en:{data}/test2016.de"] + [
-        f"--override={o}" for o in TINY]
+        f"--override={o}" for o in TINY + ["training.checkpoint_every=20"]]
     proc = run_tool("experiment", *args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
@@ -211,7 +212,7 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
         assert set(entry[test]) == {"bleu", "bleu_lc", "chrf"}
         assert 0.0 < entry[test]["chrf"] <= 100.0 and entry[test]["bleu_lc"] >= entry[test]["bleu"]
     assert entry["test2016"] == entry["again"]  # the same set scored twice
-    assert entry["training"]["updates"] == 300 and entry["training"]["averaged"] == 3
+    assert entry["training"]["updates"] == 60 and entry["training"]["averaged"] == 3
     assert entry["training"]["precision"] == "float32"
     assert re.search(r" cores, TensorFlow \d", entry["training"]["hardware"])
     assert entry["decoding"]["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4)
@@ -262,7 +263,6 @@ def test_a_lowercased_model_gets_its_length_penalty_from_lowercased_dev_bleu(
     """A model trained on lowercased text cannot produce case: cased dev BLEU would prefer a
     worse translation that happens to keep the case. The choice is made on lowercased BLEU (and
     recorded), and a run tuned on cased BLEU before is tuned again."""
-    import dataclasses
     import types
 
     from deep_nmt_tf import run_dir
@@ -373,7 +373,10 @@ def test_a_training_time_budget_stops_a_run_where_its_clock_runs_out(tmp_path, m
     monkeypatch.setattr(experiments.stages, "time", Clock)  # where the stages read the clock
     data = _corpus(tmp_path / "data", sizes=(("train", 200), ("valid", 6), ("test2016", 5)))
     out = str(tmp_path / "out")
-    suite = load_suite(find_suite(SUITE))
+    # One length penalty, no extension: the budget is the subject here, and each penalty tried
+    # is a dev decoding per call (the grid has its own tests).
+    suite = dataclasses.replace(load_suite(find_suite(SUITE)), length_penalties=(0.6,),
+                                length_penalty_extension=0)
     overrides = TINY + ["training.checkpoint_every=20", "training.log_every=10"]
     messages = []
 
@@ -416,7 +419,6 @@ def _fake_decoding(tmp_path, monkeypatch, dev_score, **suite_keys):
     """``_decode`` with a fake model and a fake dev score per length penalty; returns a
     function that runs it (a fresh RunState from the run's experiment.json each time, as a
     resumed tool reads it) and the list of penalties decoded on dev."""
-    import dataclasses
     import types
 
     from deep_nmt_tf import run_dir

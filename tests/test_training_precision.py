@@ -117,16 +117,18 @@ TRANSFORMER = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "input_dropout": 
 ENCODER = {"transformer": TRANSFORMER, "rnmt_plus": RNMT}
 DECODER = {"transformer": dict(TRANSFORMER, tie_softmax=False),
            "rnmt_plus": dict(RNMT, attention_dropout=0.0, attention_heads=2, attention_dim=16)}
-#: Every architecture, untied, without dropout (the cascade's second stage: 1 layer).
+#: Untied, without dropout (the cascade's second stage: 1 layer): the Transformer, and the
+#: cascade, whose RNMT+ encoder stage, Transformer encoder stage and RNMT+ decoder hold every
+#: other architecture's parts (RNMT+, the hybrids and the multi-column encoder are made of
+#: these stacks; each XLA compilation of a training step costs 1-2 minutes of CI).
 ARCHITECTURES = {name: merge({"tie_source_target_embeddings": False},
                              architecture(name, ENCODER, DECODER))
-                 for name in ("transformer", "rnmt_plus", "transformer_rnmt",
-                              "rnmt_transformer", "cascaded", "multi_column")}
+                 for name in ("transformer", "cascaded")}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
-def test_every_architecture_trains_under_xla_in_bfloat16(architecture, tmp_path):
+def test_architectures_train_under_xla_in_bfloat16(architecture, tmp_path):
     """One training step compiled with XLA (jit_compile) in mixed_bfloat16 gives the loss and
     the update of the uncompiled step (no dropout, same initial weights)."""
     model = merge(NO_DROPOUT, ARCHITECTURES[architecture])
