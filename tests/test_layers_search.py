@@ -306,13 +306,14 @@ def test_a_finished_hypothesis_is_not_pushed_out_by_live_ones(alpha):
     np.testing.assert_allclose(_np(out["scores"])[0, 0], best[2], rtol=1e-5)
 
 
-@pytest.mark.parametrize("vocab,beam_size,lengths,alpha,min_length", [
-    (5, 4, [1, 2, 0], 0.0, 0),   # 2 words: at most 4 live prefixes below the limit of 3
-    (5, 4, [2, 1], 1.0, 1),
-    (6, 9, [2, 1, 0], 0.6, 0),   # 3 words: at most 9
+@pytest.mark.parametrize("vocab,beam_size,lengths,b,alpha,min_length", [
+    (5, 4, [1, 2, 0], 1, 0.0, 0),   # 2 words: at most 4 live prefixes below the limit of 3
+    (5, 4, [2, 1], 1, 1.0, 1),
+    (6, 9, [2, 1, 0], 1, 0.6, 0),   # 3 words: at most 9
+    (5, 4, [0, 3], 0, 0.6, 0),      # limits 0 (the empty translation) and 3
 ])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_a_beam_wide_enough_equals_exhaustive_search(vocab, beam_size, lengths, alpha,
+def test_a_beam_wide_enough_equals_exhaustive_search(vocab, beam_size, lengths, b, alpha,
                                                      min_length, seed):
     """With room in the beam for every live prefix, beam search is exact: its n-best list is
     the exhaustive search's, per sentence of a batch with different limits."""
@@ -320,7 +321,7 @@ def test_a_beam_wide_enough_equals_exhaustive_search(vocab, beam_size, lengths, 
     logits = rng.normal(size=(vocab, vocab, vocab)).astype("float32") * 2.0
     logits[..., EOS_ID] -= 0.5
     model = SecondOrderToy(logits)
-    a, b, n_best = 1.0, 1, 3
+    a, n_best = 1.0, 3
     out = beam_search(model, _sources(lengths), beam_size=beam_size, length_penalty=alpha,
                       n_best=n_best, max_length_a=a, max_length_b=b, min_length=min_length)
     ids, lens = _np(out["ids"]), _np(out["lengths"])
@@ -332,6 +333,8 @@ def test_a_beam_wide_enough_equals_exhaustive_search(vocab, beam_size, lengths, 
             assert ids[i, j, :lens[i, j]].tolist() == toks, (i, j)
             np.testing.assert_allclose(log_probs[i, j], logp, rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(scores[i, j], score, rtol=1e-4, atol=1e-4)
+        # Fewer outputs than n_best (a limit of 0 has one): the rest are empty, -1e9.
+        assert (scores[i, len(best):] == -1e9).all() and (lens[i, len(best):] == 0).all()
 
 
 def test_search_loop_stops_when_every_sentence_is_done():

@@ -363,11 +363,13 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
     # The best score a live hypothesis can still reach: its log-prob (which only falls) over
     # the penalty of the sentence's longest output (alpha >= 0: the largest penalty).
     bound_penalty = gnmt_length_penalty(limits, length_penalty)                 # [B]
-    beam_index = ops.tile(ops.arange(k, dtype="int32"), (batch,))               # [B*K]
-    # Only beam 0 is live at first (the others would repeat it); -inf never wins a top-k.
-    log_probs = ops.cast(ops.where(ops.equal(beam_index, 0), 0.0, _MASKED), "float32")
-    empty = ops.logical_and(ops.equal(ops.reshape(beam_index, (batch, k)), 0),
-                            ops.less_equal(sentence_limits, 0))
+    beam_index = ops.reshape(ops.tile(ops.arange(k, dtype="int32"), (batch,)), (batch, k))
+    # Only beam 0 is live at first (the others would repeat it), and none for a sentence with
+    # no room for a token; -inf never wins a top-k.
+    room = ops.greater(sentence_limits, 0)
+    log_probs = ops.where(ops.logical_and(ops.equal(beam_index, 0), room), 0.0, _MASKED)
+    log_probs = ops.cast(ops.reshape(log_probs, (-1,)), "float32")              # [B*K]
+    empty = ops.logical_and(ops.equal(beam_index, 0), ops.logical_not(room))
     # The finished set: a sentence with no room for a token has the empty translation; the
     # other entries are empty until hypotheses finish (a finite score below any real one).
     fin_scores = ops.cast(ops.where(empty, 0.0, _DEAD_BEAM), "float32")         # [B, K]
