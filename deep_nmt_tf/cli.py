@@ -75,7 +75,7 @@ PRECISION_FLAG: FlagDefinition = (
 JIT_COMPILE_FLAG: FlagDefinition = (
     flags.DEFINE_bool, "jit_compile", None,
     "Compile the search with XLA.  Default: the fastest on this machine for the precision "
-    "(on a CPU: off for bfloat16, on for float32 only with AVX-512; on with a GPU or TPU).")
+    "(on, except for bfloat16 on a machine without GPU or TPU).")
 
 #: ``--memory_check`` of the training tools (train, fit): :mod:`deep_nmt_tf.sizing`.
 MEMORY_CHECK_FLAG: FlagDefinition = (

@@ -21,13 +21,17 @@ What decodes fastest depends on the CPU too (:func:`fastest_inference_settings`,
 
 * a CPU with native bfloat16 instructions (``amx_bf16`` or ``avx512_bf16`` in
   ``/proc/cpuinfo``): bfloat16 without XLA.  TensorFlow's oneDNN kernels use those
-  instructions; XLA's CPU backend computes bfloat16 matmuls 3-4x slower than they do.  The
-  bfloat16 quality condition (within 0.3 BLEU of float32, BENCHMARKS.md) was measured there;
-  without native bfloat16, bfloat16 is never chosen;
-* any other CPU: float32, with XLA only on a CPU with AVX-512 (``avx512f``; measured faster
-  there, 1.4x), without it elsewhere (measured on an AVX2-only AMD Zen 3: XLA no faster, and
-  it adds a compilation per input shape);
-* a GPU or TPU: float32 with XLA (the library's default; not measured here).
+  instructions; XLA's CPU backend computes bfloat16 matmuls at about half their rate
+  (AVX512-BF16, BENCHMARKS.md; issue 31 reports 3-4x on AMX).
+  bfloat16's translation quality was measured on such machines (BENCHMARKS.md "bfloat16:
+  translation quality"); without native bfloat16 instructions it is never chosen;
+* any other CPU: float32 with XLA (beam 4 on an AVX2-only AMD Zen 3: 1.1-1.4x faster in
+  process than the plain graph, greedy search alike; 1.3-1.5x on an AVX512-BF16 EPYC before
+  issue 31's lean decoder step);
+* a GPU or TPU: float32 with XLA (not measured here).
+
+For a precision given, the XLA setting is the same rule's (XLA, except bfloat16 on a CPU), the
+library's default too (:func:`deep_nmt_tf.export.module.default_jit_compile`).
 """
 
 import dataclasses
@@ -163,20 +167,13 @@ def fastest_inference_settings(precision: Optional[str] = None,
     elif native:
         device = f"a CPU with {', '.join(native)}"
     else:
-        avx = "avx512f" if "avx512f" in flags else ("avx2, no avx512f" if "avx2" in flags
-                                                   else "no avx2")
-        device = f"a CPU without {' or '.join(NATIVE_BF16_FLAGS)} ({avx})"
+        device = f"a CPU without {' or '.join(NATIVE_BF16_FLAGS)}"
     given = [f"--precision={precision}" if precision is not None else "",
              f"--{'' if jit_compile else 'no'}jit_compile" if jit_compile is not None else ""]
     if precision is None:
         precision = "bfloat16" if native and not accelerator else "float32"
-    if jit_compile is None:
-        if accelerator:
-            jit_compile = True
-        elif precision == "bfloat16":
-            jit_compile = False  # oneDNN's bfloat16 kernels; XLA's CPU dots are 3-4x slower
-        else:
-            jit_compile = "avx512f" in flags
+    if jit_compile is None:  # oneDNN's bfloat16 kernels beat XLA's CPU bfloat16 dots
+        jit_compile = accelerator or precision != "bfloat16"
     chosen = f"{precision} {'with' if jit_compile else 'without'} XLA"
     given = " ".join(g for g in given if g)
     reason = f"{chosen} for {device}" + (f" ({given} given)" if given else "")

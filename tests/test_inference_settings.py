@@ -32,11 +32,11 @@ def test_cpu_flags_of_the_first_processor():
 
 
 @pytest.mark.parametrize("cpuinfo,precision,jit_compile,named", [
-    (SAPPHIRE_RAPIDS, "bfloat16", False, "amx_bf16"),
-    (ZEN4, "bfloat16", False, "avx512_bf16"),
-    (SKYLAKE, "float32", True, "avx512f"),
-    (ZEN3, "float32", False, "avx2, no avx512f"),
-    (GRAVITON, "float32", False, "no avx2"),  # ARM's bf16 is not oneDNN's x86 path
+    (SAPPHIRE_RAPIDS, "bfloat16", False, "with amx_bf16, avx512_bf16"),
+    (ZEN4, "bfloat16", False, "with avx512_bf16"),
+    (SKYLAKE, "float32", True, "without amx_bf16 or avx512_bf16"),
+    (ZEN3, "float32", True, "without amx_bf16 or avx512_bf16"),
+    (GRAVITON, "float32", True, "without"),  # ARM's bf16 is not oneDNN's x86 path
 ])
 def test_the_cpu_decides_precision_and_xla(cpuinfo, precision, jit_compile, named):
     settings = fastest_inference_settings(cpuinfo=cpuinfo, accelerator=False)
@@ -55,7 +55,7 @@ def test_flags_given_override_the_choice():
     """A precision given keeps its value and gets the XLA setting that suits it here; an XLA
     setting given is kept."""
     f32 = fastest_inference_settings("float32", cpuinfo=SAPPHIRE_RAPIDS, accelerator=False)
-    assert (f32.precision, f32.jit_compile) == ("float32", True)  # AVX-512
+    assert (f32.precision, f32.jit_compile) == ("float32", True)
     assert "--precision=float32 given" in f32.reason
     bf16 = fastest_inference_settings("bfloat16", cpuinfo=ZEN3, accelerator=False)
     assert (bf16.precision, bf16.jit_compile) == ("bfloat16", False)
@@ -77,3 +77,13 @@ def test_the_tools_log_the_choice_once(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="absl"):
         assert cli.inference_settings("float32", False)[:2] == ("float32", False)
     assert not [r for r in caplog.records if "Inference settings" in r.getMessage()]
+
+
+def test_the_library_default_follows_the_same_rule(monkeypatch):
+    from deep_nmt_tf.export.module import default_jit_compile
+
+    monkeypatch.setattr(hardware, "_has_accelerator", lambda: False)
+    assert default_jit_compile("float32") and default_jit_compile("float16")
+    assert not default_jit_compile("bfloat16")
+    monkeypatch.setattr(hardware, "_has_accelerator", lambda: True)
+    assert default_jit_compile("bfloat16")
