@@ -50,8 +50,8 @@ from deep_nmt_tf import eviction, hardware
 __all__ = ["define_flags", "check_output_path", "quiet_tensorflow", "run", "PRECISION_FLAG",
            "JIT_COMPILE_FLAG", "MEMORY_CHECK_FLAG", "COMPILATION_CACHE_FLAG",
            "enable_compilation_cache", "xla_cache_dir", "prune_compilation_cache",
-           "search_cache_dir", "parse_flags_with_compilation_cache", "resume_command",
-           "exit_interrupted"]
+           "search_cache_dir", "parse_flags_with_compilation_cache", "inference_settings",
+           "resume_command", "exit_interrupted"]
 
 #: ``(flags.DEFINE_xxx, name, default, *arguments)``, e.g.
 #: ``(flags.DEFINE_enum, "mode", "train", ["train", "decode"], "What to measure.")``.
@@ -61,18 +61,21 @@ _VERBOSE_HELP = ("Show TensorFlow's C++ start-up messages and its INFO logs (hid
                  "default); -v is short for --verbose (absl's own -v=N still sets its "
                  "verbosity).")
 
-#: ``--precision`` of the inference tools (translate, evaluate, export, benchmark's decoding).
+#: ``--precision`` of the inference tools (translate, evaluate, export, benchmark's decoding);
+#: unset (None): :func:`inference_settings` chooses (the benchmark: float32).
 PRECISION_FLAG: FlagDefinition = (
-    flags.DEFINE_enum, "precision", "float32", ["float32", "bfloat16", "float16"],
+    flags.DEFINE_enum, "precision", None, ["float32", "bfloat16", "float16"],
     "Inference precision: the dtype of the weights and activations (the float32 checkpoint is "
-    "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).")
+    "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).  Default: "
+    "the fastest on this machine (bfloat16 on a CPU with amx_bf16 or avx512_bf16, else "
+    "float32; deep-nmt-benchmark: float32).")
 
-#: ``--jit_compile`` of the inference tools (translate, evaluate, export); unset (None) lets
-#: :func:`deep_nmt_tf.export.module.default_jit_compile` choose.
+#: ``--jit_compile`` of the inference tools (translate, evaluate, export); unset (None):
+#: :func:`inference_settings` chooses.
 JIT_COMPILE_FLAG: FlagDefinition = (
     flags.DEFINE_bool, "jit_compile", None,
-    "Compile the search with XLA (default: on, except for --precision=bfloat16 on a machine "
-    "without GPU or TPU, where the plain graph decodes faster).")
+    "Compile the search with XLA.  Default: the fastest on this machine for the precision "
+    "(on, except for bfloat16 on a machine without GPU or TPU).")
 
 #: ``--memory_check`` of the training tools (train, fit): :mod:`deep_nmt_tf.sizing`.
 MEMORY_CHECK_FLAG: FlagDefinition = (
@@ -159,6 +162,19 @@ def parse_flags_with_compilation_cache(argv: Sequence[str]):
     if flags.FLAGS.jit_compile is not False:  # None: the tool may choose XLA.
         enable_compilation_cache(flags.FLAGS.compilation_cache)
     return args
+
+
+def inference_settings(precision: Optional[str], jit_compile: Optional[bool]
+                       ) -> Tuple[str, bool, str]:
+    """``--precision`` and ``--jit_compile`` of the inference tools: those given, the others
+    chosen for this machine by :func:`deep_nmt_tf.hardware.fastest_inference_settings`, which
+    is logged once (INFO) when it chose anything.  Returns ``(precision, jit_compile,
+    reason)``."""
+    settings = hardware.fastest_inference_settings(precision, jit_compile)
+    if precision is None or jit_compile is None:
+        absl_logging.info("Inference settings: %s (--precision and --jit_compile override)",
+                          settings.reason)
+    return settings.precision, settings.jit_compile, settings.reason
 
 
 def resume_command(drop: Sequence[str] = ()) -> str:

@@ -14,15 +14,38 @@ run directories and home directories between machines, so every cached compiled 
 keyed by :func:`cpu_feature_key`: XLA's persistent cache lives in a sub-directory per key
 (:func:`deep_nmt_tf.cli.enable_compilation_cache`) and the traced-search cache has it in each
 entry's key (:func:`deep_nmt_tf.export.search_cache.search_key`).
+
+What decodes fastest depends on the CPU too (:func:`fastest_inference_settings`, the choice of
+``deep-nmt-translate``, ``deep-nmt-evaluate`` and ``deep-nmt-export`` when ``--precision`` or
+``--jit_compile`` is not given; BENCHMARKS.md "Decoding" and "The fastest path by default"):
+
+* a CPU with native bfloat16 instructions (``amx_bf16`` or ``avx512_bf16`` in
+  ``/proc/cpuinfo``): bfloat16 without XLA.  TensorFlow's oneDNN kernels use those
+  instructions; XLA's CPU backend computes bfloat16 matmuls at about half their rate
+  (AVX512-BF16, BENCHMARKS.md; issue 31 reports 3-4x on AMX).
+  bfloat16's translation quality was measured on such machines (BENCHMARKS.md "bfloat16:
+  translation quality"); without native bfloat16 instructions it is never chosen;
+* any other CPU: float32 with XLA (beam 4 on an AVX2-only AMD Zen 3: 1.1-1.4x faster in
+  process than the plain graph, greedy search alike; 1.3-1.5x on an AVX512-BF16 EPYC before
+  issue 31's lean decoder step);
+* a GPU or TPU: float32 with XLA (not measured here).
+
+For a precision given, the XLA setting is the same rule's (XLA, except bfloat16 on a CPU), the
+library's default too (:func:`deep_nmt_tf.export.module.default_jit_compile`).
 """
 
+import dataclasses
 import functools
 import hashlib
 import os
 import platform
-from typing import Dict, Optional
+from typing import Dict, FrozenSet, Optional
 
-__all__ = ["cpu_name", "cpu_feature_key", "describe_machine", "record_hardware"]
+__all__ = ["cpu_name", "cpu_feature_key", "cpu_flags", "describe_machine", "record_hardware",
+           "InferenceSettings", "fastest_inference_settings", "NATIVE_BF16_FLAGS"]
+
+#: ``/proc/cpuinfo`` flags of native bfloat16 matmul instructions (AMX, AVX-512 BF16).
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 #: The ``/proc/cpuinfo`` fields (of the first processor) that decide what code a CPU runs:
 #: x86 (vendor, family, model, flags) and ARM (implementer, architecture, variant, part,
@@ -81,6 +104,80 @@ def _this_cpu_key() -> str:
             return cpu_feature_key(f.read())
     except OSError:
         return cpu_feature_key("")
+
+
+def cpu_flags(cpuinfo: Optional[str] = None) -> FrozenSet[str]:
+    """The first processor's feature flags (x86 ``flags``, ARM ``Features``) of ``/proc/cpuinfo``
+    text (default this machine's; empty where there is none)."""
+    if cpuinfo is None:
+        return _this_cpu_flags()
+    fields = _first_processor(cpuinfo)
+    return frozenset((fields.get("flags", "") + " " + fields.get("Features", "")).split())
+
+
+@functools.lru_cache(maxsize=1)
+def _this_cpu_flags() -> FrozenSet[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return cpu_flags(f.read())
+    except OSError:
+        return frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceSettings:
+    """What :func:`fastest_inference_settings` chose: the inference ``precision``, whether to
+    compile the search with XLA (``jit_compile``), and ``reason``, one line naming what decided
+    (the CPU features, a GPU, the flags given)."""
+
+    precision: str
+    jit_compile: bool
+    reason: str
+
+
+def _has_accelerator() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def fastest_inference_settings(precision: Optional[str] = None,
+                               jit_compile: Optional[bool] = None, *,
+                               cpuinfo: Optional[str] = None,
+                               accelerator: Optional[bool] = None) -> InferenceSettings:
+    """The precision and XLA setting that decode fastest here (module docstring); a
+    ``precision`` or ``jit_compile`` given is kept, and the other chosen for it.
+
+    Args:
+      precision: ``float32``, ``bfloat16``, ``float16``, or None to choose.
+      jit_compile: True/False, or None to choose.
+      cpuinfo: ``/proc/cpuinfo`` text (default: this machine's).
+      accelerator: whether TensorFlow sees a GPU or TPU (default: asked, which imports
+        TensorFlow).
+
+    Returns:
+      :class:`InferenceSettings`.
+    """
+    flags = cpu_flags(cpuinfo)
+    if accelerator is None:
+        accelerator = _has_accelerator()
+    native = [f for f in NATIVE_BF16_FLAGS if f in flags]
+    if accelerator:
+        device = "a GPU or TPU"
+    elif native:
+        device = f"a CPU with {', '.join(native)}"
+    else:
+        device = f"a CPU without {' or '.join(NATIVE_BF16_FLAGS)}"
+    given = [f"--precision={precision}" if precision is not None else "",
+             f"--{'' if jit_compile else 'no'}jit_compile" if jit_compile is not None else ""]
+    if precision is None:
+        precision = "bfloat16" if native and not accelerator else "float32"
+    if jit_compile is None:  # oneDNN's bfloat16 kernels beat XLA's CPU bfloat16 dots
+        jit_compile = accelerator or precision != "bfloat16"
+    chosen = f"{precision} {'with' if jit_compile else 'without'} XLA"
+    given = " ".join(g for g in given if g)
+    reason = f"{chosen} for {device}" + (f" ({given} given)" if given else "")
+    return InferenceSettings(precision, bool(jit_compile), reason)
 
 
 def describe_machine() -> str:

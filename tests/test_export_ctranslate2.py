@@ -184,8 +184,8 @@ def test_positions_start_at_zero_in_our_layout(tmp_path):
 @needs_ctranslate2
 def test_beam_search_against_ours(tmp_path):
     """Beam 4, no length penalty.  Each CTranslate2 hypothesis scores what our model gives it,
-    and the best one is ours except where CTranslate2 found a better one (it keeps finished
-    hypotheses aside; ours can push them out of the beam: docs/SERVING.md)."""
+    and the best one is ours except where CTranslate2 found a better one (both keep finished
+    hypotheses aside, but stop at different steps: docs/SERVING.md)."""
     model = _model(_config(norm="pre", tied=False), seed=3, no_pad_bos=True)
     path = _convert(model, tmp_path)
     sources = _sources(3, n=10)

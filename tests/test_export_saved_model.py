@@ -42,6 +42,30 @@ def test_export_layout(exported):
         export_saved_model(translator.module, export_dir, version=1)
 
 
+def test_export_records_its_precision_and_xla(exported):
+    translator, _, path, _ = exported
+    with open(os.path.join(path, "assets.extra", "deep_nmt.json"), encoding="utf-8") as f:
+        assert json.load(f) == {"precision": "float32", "jit_compile": translator.jit_compile}
+
+
+def test_export_tool_records_the_settings_it_chose_for_this_machine(tmp_path_factory, tmp_path):
+    """deep-nmt-export without --precision/--jit_compile: the fastest setting here
+    (deep_nmt_tf.hardware.fastest_inference_settings), logged once and recorded."""
+    from deep_nmt_tf.hardware import fastest_inference_settings
+    from test_training_helpers import run_tool
+
+    chosen = fastest_inference_settings()
+    proc = run_tool("export", f"--model_dir={trained_model_dir(tmp_path_factory)}",
+                    f"--export_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("Inference settings: ") == 1
+    assert f"Inference settings: {chosen.reason}" in proc.stderr
+    with open(tmp_path / "1" / "assets.extra" / "deep_nmt.json", encoding="utf-8") as f:
+        assert json.load(f) == {"precision": chosen.precision,
+                                "jit_compile": chosen.jit_compile,
+                                "inference_settings": chosen.reason}
+
+
 _FRESH = r'''
 import json, sys
 import tensorflow as tf

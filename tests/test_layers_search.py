@@ -1,9 +1,10 @@
 """Greedy and beam search (deep_nmt_tf.decoding.search), backend-agnostic: re-run under JAX.
 
 Toy models implement the decoder-state interface with fixed log-probability tables, so the
-expected outputs are computed by hand or by a plain-Python reference beam search with the
-same conventions (finished hypotheses stay in the beam; GNMT length penalty; per-sentence
-length limit ``floor(a * n + b)``).  Must not import TensorFlow.
+expected outputs are computed by hand, by a plain-Python reference beam search with the same
+conventions (finished hypotheses kept aside in a finished set; GNMT length penalty;
+per-sentence length limit ``floor(a * n + b)``) or by an exhaustive search.  Must not import
+TensorFlow.
 """
 
 import math
@@ -104,41 +105,78 @@ def _lp(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def reference_beam(next_logits, beam_size, alpha, limit, max_length, min_length=0):
-    """One sentence; ``next_logits(prefix) -> [V]`` with ``prefix`` the tokens so far (BOS
-    first).  Returns [(tokens without EOS, log_prob, score)] best first."""
-    beams = [dict(logp=0.0 if k == 0 else -1e9, toks=[], done=limit <= 0, n=0)
-             for k in range(beam_size)]
-    for t in range(max_length):
-        if all(b["done"] for b in beams):
+def _masked_log_softmax(logits, step, min_length):
+    lp = _log_softmax(logits)
+    lp[PAD_ID] = lp[BOS_ID] = -np.inf
+    if step < min_length:
+        lp[EOS_ID] = -np.inf
+    return lp
+
+
+def reference_greedy(next_logits, limit, max_length, alpha=0.0, min_length=0):
+    """Greedy search of one sentence (arg-max, ties to the lowest id): [(tokens without EOS,
+    log_prob, score)]."""
+    toks, logp = [], 0.0
+    for t in range(min(limit, max_length)):
+        lp = _masked_log_softmax(next_logits([BOS_ID] + toks), t, min_length)
+        v = int(np.argmax(lp))
+        toks, logp = toks + [v], logp + lp[v]
+        if v == EOS_ID:
             break
-        cands = []
-        for k, b in enumerate(beams):
-            if b["done"]:
-                cands.append((b["logp"] / _lp(b["n"], alpha), k, None))
-                continue
-            lp = _log_softmax(next_logits([BOS_ID] + b["toks"]))
-            lp[PAD_ID] = lp[BOS_ID] = -np.inf
-            if t < min_length:
-                lp[EOS_ID] = -np.inf
-            for v in range(len(lp)):
-                cands.append(((b["logp"] + lp[v]) / _lp(b["n"] + 1, alpha), k, v,
-                              b["logp"] + lp[v]))
-        # Stable order: score descending, then flat index k * V + v ascending.
-        cands.sort(key=lambda c: (-c[0], c[1], -1 if c[2] is None else c[2]))
-        new = []
-        for c in cands[:beam_size]:
-            b = beams[c[1]]
-            if c[2] is None:
-                new.append(dict(b))
-            else:
-                n = b["n"] + 1
-                new.append(dict(logp=c[3], toks=b["toks"] + [c[2]], n=n,
-                                done=c[2] == EOS_ID or n >= limit))
-        beams = new
-    out = [([t for t in b["toks"] if t != EOS_ID], b["logp"], b["logp"] / _lp(b["n"], alpha))
-           for b in beams]
-    return sorted(out, key=lambda h: -h[2])
+    return [([t for t in toks if t != EOS_ID], logp, logp / _lp(len(toks), alpha))]
+
+
+def reference_beam(next_logits, beam_size, alpha, limit, max_length, min_length=0, n_best=None):
+    """Beam search of one sentence with a finished set (the search module's conventions);
+    ``next_logits(prefix) -> [V]`` with ``prefix`` the tokens so far (BOS first).  Beam 1 is
+    greedy search.  Returns the ``n_best`` (default ``beam_size``) best finished
+    [(tokens without EOS, log_prob, score)], best first."""
+    if beam_size == 1:
+        return reference_greedy(next_logits, limit, max_length, alpha, min_length)
+    k, n_best = beam_size, n_best or beam_size
+    dead = dict(score=-1e9, logp=-1e9, toks=[])
+    alive = [dict(logp=0.0 if i == 0 else -np.inf, toks=[]) for i in range(k)]
+    finished = [dict(dead, score=0.0, logp=0.0) if i == 0 and limit <= 0 else dict(dead)
+                for i in range(k)]
+    done = limit <= 0
+    for t in range(max_length):
+        if done:
+            break
+        cands = []  # (log_prob, flat index, beam, token), the search's top-k order
+        for i, a in enumerate(alive):
+            lp = _masked_log_softmax(next_logits([BOS_ID] + a["toks"]), t, min_length)
+            cands += [(a["logp"] + lp[v], i * len(lp) + v, i, v) for v in range(len(lp))]
+        top = sorted(cands, key=lambda c: (-c[0], c[1]))[:2 * k]
+        n = t + 1
+        ends = [c[3] == EOS_ID or n >= limit for c in top]
+        hyps = [dict(logp=c[0], toks=alive[c[2]]["toks"] + [c[3]]) for c in top]
+        masked = [-np.inf if e else c[0] for c, e in zip(top, ends)]
+        live = sorted(range(2 * k), key=lambda j: (-masked[j], j))[:k]
+        alive = [dict(hyps[j], logp=masked[j]) for j in live]
+        pool = finished + [dict(h, score=h["logp"] / _lp(n, alpha) if e else -np.inf)
+                           for h, e in zip(hyps, ends)]
+        finished = [pool[j] for j in sorted(range(3 * k),
+                                            key=lambda j: (-pool[j]["score"], j))[:k]]
+        done = finished[n_best - 1]["score"] >= alive[0]["logp"] / _lp(limit, alpha)
+    return [([t for t in f["toks"] if t != EOS_ID], f["logp"], f["score"])
+            for f in finished[:n_best]]
+
+
+def exhaustive_search(next_logits, vocab_size, alpha, limit, min_length=0, n_best=1):
+    """Every output of one sentence (up to ``limit`` tokens, EOS included, or ``limit`` tokens
+    without EOS) scored: the ``n_best`` best [(tokens without EOS, log_prob, score)]."""
+    words = [v for v in range(vocab_size) if v not in (PAD_ID, BOS_ID, EOS_ID)]
+    out, frontier = [], [([], 0.0)]
+    for t in range(limit):
+        grown = []
+        for toks, logp in frontier:
+            lp = _masked_log_softmax(next_logits([BOS_ID] + toks), t, min_length)
+            if lp[EOS_ID] > -np.inf:
+                out.append((toks, logp + lp[EOS_ID], (logp + lp[EOS_ID]) / _lp(t + 1, alpha)))
+            grown += [(toks + [v], logp + lp[v]) for v in words]
+        frontier = grown
+    out += [(toks, logp, logp / _lp(limit, alpha)) for toks, logp in frontier]
+    return sorted(out, key=lambda h: -h[2])[:n_best]
 
 
 def _markov_logits(log_table):
@@ -244,6 +282,88 @@ def test_beam_search_matches_reference(seed, beam_size, alpha):
             assert lens[i, k] <= limit
             np.testing.assert_allclose(log_probs[i, k], logp, rtol=1e-4, atol=1e-4)
             np.testing.assert_allclose(scores[i, k], score, rtol=1e-4, atol=1e-4)
+
+
+# Old search (finished hypotheses in the beam), beam 2, alpha 0: after step 2 the beam holds
+# "B C" (0.7) and the finished "A" (0.3); at step 3 "B C D" and "B C <unk>" (0.35 each) push
+# "A" out, and every later hypothesis scores at most 0.175: it returned 0.175 for a sentence
+# whose best translation, "A", has 0.3.  Kept aside, "A" is returned.
+KEPT_ASIDE = {BOS_ID: {A: 0.3, B: 0.7}, A: {EOS_ID: 1.0}, B: {C: 1.0}, C: {D: 0.5, 3: 0.5},
+              D: {EOS_ID: 0.5, 3: 0.5}, 3: {EOS_ID: 0.5, D: 0.5}}
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_a_finished_hypothesis_is_not_pushed_out_by_live_ones(alpha):
+    log_table = _table(KEPT_ASIDE)
+    out = beam_search(MarkovToy(log_table), _sources([3]), beam_size=2, length_penalty=alpha,
+                      n_best=2, max_length_a=1.0, max_length_b=1)
+    ids, lengths = _np(out["ids"])[0], _np(out["lengths"])[0]
+    assert ids[0, :lengths[0]].tolist() == [A]
+    np.testing.assert_allclose(_np(out["log_probs"])[0, 0],
+                               log_table[BOS_ID, A] + log_table[A, EOS_ID], rtol=1e-5)
+    best = exhaustive_search(_markov_logits(log_table), V, alpha, limit=4)[0]
+    assert best[0] == [A]
+    np.testing.assert_allclose(_np(out["scores"])[0, 0], best[2], rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab,beam_size,lengths,b,alpha,min_length", [
+    (5, 4, [1, 2, 0], 1, 0.0, 0),   # 2 words: at most 4 live prefixes below the limit of 3
+    (5, 4, [2, 1], 1, 1.0, 1),
+    (6, 9, [2, 1, 0], 1, 0.6, 0),   # 3 words: at most 9
+    (5, 4, [0, 3], 0, 0.6, 0),      # limits 0 (the empty translation) and 3
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_beam_wide_enough_equals_exhaustive_search(vocab, beam_size, lengths, b, alpha,
+                                                     min_length, seed):
+    """With room in the beam for every live prefix, beam search is exact: its n-best list is
+    the exhaustive search's, per sentence of a batch with different limits."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(vocab, vocab, vocab)).astype("float32") * 2.0
+    logits[..., EOS_ID] -= 0.5
+    model = SecondOrderToy(logits)
+    a, n_best = 1.0, 3
+    out = beam_search(model, _sources(lengths), beam_size=beam_size, length_penalty=alpha,
+                      n_best=n_best, max_length_a=a, max_length_b=b, min_length=min_length)
+    ids, lens = _np(out["ids"]), _np(out["lengths"])
+    scores, log_probs = _np(out["scores"]), _np(out["log_probs"])
+    for i, n in enumerate(lengths):
+        best = exhaustive_search(_second_order_logits(logits), vocab, alpha,
+                                 math.floor(a * n + b), min_length, n_best)
+        for j, (toks, logp, score) in enumerate(best):
+            assert ids[i, j, :lens[i, j]].tolist() == toks, (i, j)
+            np.testing.assert_allclose(log_probs[i, j], logp, rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(scores[i, j], score, rtol=1e-4, atol=1e-4)
+        # Fewer outputs than n_best (a limit of 0 has one): the rest are empty, -1e9.
+        assert (scores[i, len(best):] == -1e9).all() and (lens[i, len(best):] == 0).all()
+
+
+def test_search_loop_stops_when_every_sentence_is_done():
+    """The loop runs until the last sentence is done, not to the buffers' length, and a
+    sentence's result does not depend on the sentences batched with it."""
+    model = MarkovToy(_table(BEAM_BEATS_GREEDY))
+    src = _sources([6, 6])
+    kwargs = dict(max_length_a=1.0, max_length_b=4)  # limits 10, buffers 11
+    greedy = greedy_search(model, src, **kwargs)
+    assert _np(greedy["ids"]).shape[-1] == 11
+    assert int(_np(greedy["steps"])) == 2  # "A </s>"
+    # Beam 2: after step 2 the finished "B </s>" (0.405) beats every live one (<= 0.165).
+    beam = beam_search(model, src, beam_size=2, length_penalty=0.0, **kwargs)
+    assert int(_np(beam["steps"])) == 2
+    assert _np(beam["ids"])[:, 0, :1].tolist() == [[B], [B]]
+    # "C C C ..." never ends before the limit: 10 and 4 tokens; a batch runs to the longest.
+    endless = MarkovToy(_table({BOS_ID: {C: 1.0}, C: {C: 1.0}}))
+    searches = (greedy_search, lambda *a, **kw: beam_search(*a, beam_size=2, n_best=2,
+                                                            length_penalty=0.6, **kw))
+    for search_fn in searches:
+        both = search_fn(endless, _sources([6, 0]), **kwargs)
+        alone = search_fn(endless, _sources([0]), **kwargs)
+        assert int(_np(both["steps"])) == 10 and int(_np(alone["steps"])) == 4
+        assert _np(both["lengths"])[:, 0].tolist() == [10, 4]
+        lengths = _np(alone["lengths"])[0]
+        np.testing.assert_array_equal(_np(both["lengths"])[1], lengths)
+        np.testing.assert_array_equal(_np(both["scores"])[1], _np(alone["scores"])[0])
+        for j, n in enumerate(lengths):
+            assert _np(both["ids"])[1, j, :n].tolist() == _np(alone["ids"])[0, j, :n].tolist()
 
 
 def test_min_length_forces_fixed_length_outputs():

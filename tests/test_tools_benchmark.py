@@ -15,6 +15,10 @@ from test_training_tool import TINY
      "--override applies to --mode=train only"),
     (("--mode=train", "--precision=bfloat16"),
      "--precision=bfloat16 applies to --mode=decode only"),
+    (("--mode=decode", "--input=x.txt", "--reference=y.txt"),
+     "--input, --reference: only used with --mode=decode_file"),
+    (("--mode=decode_file", "--model_dir=runs/x"),
+     "--mode=decode_file needs --model_dir and --input"),
 ])
 def test_flags_of_the_other_mode_are_refused(args, message):
     proc = run_tool("benchmark", "--config=small", *args)

@@ -33,6 +33,17 @@ for the search's own bookkeeping and by category (:mod:`deep_nmt_tf.export.graph
 
     deep-nmt-benchmark --mode=step_ops --config=configs/transformer_base.yaml [--precision=bfloat16]
 
+A real file (``--mode=decode_file``, :func:`deep_nmt_tf.benchmark.decoding.benchmark_file`): a
+trained run translates ``--input`` in process and through its exported SavedModel, in the
+length-sorted batches of the run's ``decoding`` section (``--override=decoding.beam_size=4``,
+``decoding.batch_size=...``), with the precision and XLA setting the translation tools choose
+for this machine unless ``--precision``/``--jit_compile`` are given; target tokens/s over the
+whole file (median of ``--repeats`` passes after one that compiles) and BLEU against
+``--reference``::
+
+    deep-nmt-benchmark --mode=decode_file --model_dir=runs/multi30k --input=test2016.en \
+        --reference=test2016.de [--checkpoint=...] [--repeats=3]
+
 ``--output=FILE`` also appends each result as a JSON line naming the machine.
 """
 
@@ -50,18 +61,25 @@ from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 FLAGS = flags.FLAGS
 
 define_flags([
-    (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops"],
+    (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops", "decode_file"],
      "What to measure."),
+    (flags.DEFINE_string, "model_dir", None, "--mode=decode_file: the trained run."),
+    (flags.DEFINE_string, "checkpoint", None, "--mode=decode_file: the checkpoint (default: "
+                                              "the run's latest)."),
+    (flags.DEFINE_string, "input", None, "--mode=decode_file: the source text file."),
+    (flags.DEFINE_string, "reference", None, "--mode=decode_file: its reference (BLEU)."),
     # A string, not a list flag: deep-nmt-train's --config (a string) may share it in-process.
     (flags.DEFINE_string, "config", None, "Presets or YAML files, comma-separated (default: "
                                           f"{','.join(DEFAULT_CONFIGS)})."),
     (flags.DEFINE_multi_string, "override", [],
-     "Config overrides KEY=VALUE applied to each training config (--mode=train only)."),
+     "Config overrides KEY=VALUE applied to each training config (--mode=train) or to the "
+     "run's config (--mode=decode_file)."),
     (flags.DEFINE_integer, "steps", 5, "Timed training steps per repeat."),
     (flags.DEFINE_integer, "repeats", 3, "Timed repeats (the median is reported)."),
     (flags.DEFINE_integer, "warmup", 2, "Untimed warm-up steps (tracing and first runs)."),
     (flags.DEFINE_bool, "jit_compile", False,
-     "Compile with XLA: the training step, or the search with --mode=decode."),
+     "Compile with XLA: the training step, or the search with --mode=decode (--mode="
+     "decode_file: unless given, the translation tools' choice for this machine)."),
     (flags.DEFINE_integer, "threads", 0, "intra/inter-op threads (0: TensorFlow's default)."),
     (flags.DEFINE_string, "output", None, "Also append the JSON results to this file."),
     (flags.DEFINE_bool, "unknown_shapes", False,
@@ -90,12 +108,25 @@ def _append_json(results):
                 f.write(json.dumps({**r, "machine": r.get("machine", machine)}) + "\n")
 
 
+_FILE_FLAGS = ("model_dir", "checkpoint", "input", "reference")
+
+
 def _check_mode_flags():
     """Refuses a flag the chosen ``--mode`` would silently ignore."""
+    if FLAGS.mode == "decode_file":
+        if not FLAGS.model_dir or not FLAGS.input:
+            raise app.UsageError("--mode=decode_file needs --model_dir and --input")
+        if FLAGS["config"].present:
+            raise app.UsageError("--config is not used with --mode=decode_file (the run's "
+                                 "config is; change it with --override)")
+        return
+    given = [f"--{name}" for name in _FILE_FLAGS if FLAGS[name].present]
+    if given:
+        raise app.UsageError(f"{', '.join(given)}: only used with --mode=decode_file")
     if FLAGS.mode in ("decode", "step_ops") and FLAGS.override:
         raise app.UsageError(f"--override applies to --mode=train only (--mode={FLAGS.mode} "
                              "measures the presets' or the files' shapes)")
-    if FLAGS.mode == "train" and FLAGS.precision != "float32":
+    if FLAGS.mode == "train" and FLAGS.precision not in (None, "float32"):
         raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
                              "train in reduced precision with "
                              "--override=training.precision=mixed_bfloat16 (or mixed_float16)")
@@ -111,12 +142,30 @@ def main(argv):
 
         results = []
         for name in _configs():
-            counts = step_ops(name, FLAGS.precision)
+            counts = step_ops(name, FLAGS.precision or "float32")
             print(f"{name}:\n{format_step_ops(counts)}", flush=True)
-            results.append({"config": name, "precision": FLAGS.precision,
+            results.append({"config": name, "precision": FLAGS.precision or "float32",
                             "step_ops": [c.to_dict() for c in counts]})
             print(json.dumps(results[-1]), flush=True)
         _append_json(results)
+        return
+    if FLAGS.mode == "decode_file":
+        from deep_nmt_tf.benchmark.decoding import benchmark_file, format_file_results
+        from deep_nmt_tf.config import ConfigError
+        from deep_nmt_tf.data.text_io import DataError
+
+        try:  # (the settings chosen, and why, are in the printed line and the JSON)
+            result = benchmark_file(FLAGS.model_dir, FLAGS.input, FLAGS.reference,
+                                    checkpoint=FLAGS.checkpoint, overrides=FLAGS.override,
+                                    precision=FLAGS.precision,
+                                    jit_compile=(FLAGS.jit_compile if FLAGS["jit_compile"].present
+                                                 else None),
+                                    repeats=FLAGS.repeats)
+        except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"benchmark: error: {e}") from None
+        print(format_file_results(result), flush=True)
+        print(json.dumps(result), flush=True)
+        _append_json([result])
         return
     if FLAGS.mode == "decode":
         from deep_nmt_tf.benchmark.decoding import benchmark_decode, format_results
@@ -127,7 +176,7 @@ def main(argv):
                                       paths=("translator", "saved_model"),
                                       repeats=FLAGS.repeats, jit_compile=FLAGS.jit_compile,
                                       threads=FLAGS.threads or None,
-                                      precision=FLAGS.precision)
+                                      precision=FLAGS.precision or "float32")
             # The peer-format lines on stdout too (shared/bench/side_by_side.sh keeps them).
             print(format_results(result), flush=True)
             print(json.dumps(result), flush=True)

@@ -30,7 +30,9 @@ Output: the scores with their sacreBLEU signatures, e.g.::
     tokenized BLEU = 33.05 (nrefs:1|case:mixed|eff:no|tok:intl|smooth:exp|version:2.6.0)
 
 ``tokenized BLEU`` is sacreBLEU with ``tokenize='intl'`` (see
-``deep_nmt_tf.decoding.scoring``); ``--json=FILE`` also writes everything as JSON.
+``deep_nmt_tf.decoding.scoring``); ``--json=FILE`` also writes everything as JSON.  Without
+``--precision``/``--jit_compile`` the model decodes in the fastest setting for this machine
+(:func:`deep_nmt_tf.hardware.fastest_inference_settings`, logged at INFO).
 
 Empty source, reference or hypothesis files are an error (there is nothing to score).
 ``--output`` and ``--json`` are checked before any decoding, and ``--output`` receives the
@@ -243,12 +245,13 @@ def _evaluate_model() -> None:
     from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.inference import Translator
 
+    precision, jit_compile, _ = cli.inference_settings(FLAGS.precision, FLAGS.jit_compile)
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
-                                           jit_compile=FLAGS.jit_compile,
+                                           jit_compile=jit_compile,
                                            search_cache=cli.search_cache_dir(
                                                FLAGS.compilation_cache),
-                                           precision=FLAGS.precision)
+                                           precision=precision)
     data = translator.config.data
     source = FLAGS.source or data.test_source
     reference = FLAGS.reference or data.test_target

@@ -16,9 +16,13 @@ version: one more than the largest existing one, or 1) with the signatures ``ser
 (strings in, translations and scores out), ``translate_with_options`` (plus ``beam_size`` and
 ``length_penalty`` inputs) and ``translate_ids`` (token ids in and out); see
 ``deep_nmt_tf/export/saved_model.py`` and ``docs/SERVING.md``.  Decoding parameters are the
-config's ``decoding`` section (after ``--override``).  With XLA (``--jit_compile``; the default,
-except for ``--precision=bfloat16`` on a machine without GPU or TPU) the search is compiled by
-XLA when first called; TF Serving then needs ``--xla_cpu_compilation_enabled=true``.
+config's ``decoding`` section (after ``--override``).  Without ``--precision``/``--jit_compile``
+the export takes the fastest setting for this machine
+(:func:`deep_nmt_tf.hardware.fastest_inference_settings`, logged at INFO: bfloat16 without XLA
+on a CPU with ``amx_bf16`` or ``avx512_bf16``, else float32) and records it in
+``<version>/assets.extra/deep_nmt.json`` (``precision``, ``jit_compile``,
+``inference_settings``): export on the kind of machine that will serve.  With XLA the search is
+compiled by XLA when first called; TF Serving then needs ``--xla_cpu_compilation_enabled=true``.
 """
 
 from __future__ import annotations
@@ -61,10 +65,12 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.export.saved_model import export_model_dir
 
     try:
+        precision, jit_compile, reason = cli.inference_settings(FLAGS.precision,
+                                                                FLAGS.jit_compile)
         path = export_model_dir(FLAGS.model_dir, FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
                                 version=FLAGS.version, overrides=FLAGS.override,
-                                jit_compile=FLAGS.jit_compile, overwrite=FLAGS.overwrite,
-                                precision=FLAGS.precision)
+                                jit_compile=jit_compile, overwrite=FLAGS.overwrite,
+                                precision=precision, metadata={"inference_settings": reason})
     except (ConfigError, FileNotFoundError, FileExistsError, ValueError) as e:
         raise SystemExit(f"export: error: {e}") from None
     print(path)

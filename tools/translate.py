@@ -10,7 +10,10 @@ One output line per input line, in input order (batches are sorted by length int
 With ``--n_best`` > 1 the output uses the Moses n-best format, ``i ||| translation ||| score``
 (``i`` the 0-based line number, hypotheses best first); an ``--n_best`` above the beam size is
 an error.  A progress bar goes to stderr when reading a file.  Defaults of the search come
-from the model's ``config.yaml`` (``decoding``).
+from the model's ``config.yaml`` (``decoding``).  Without ``--precision``/``--jit_compile`` the
+fastest setting for this machine is used (:func:`deep_nmt_tf.hardware.fastest_inference_settings`,
+logged at INFO: bfloat16 without XLA on a CPU with ``amx_bf16`` or ``avx512_bf16``, else
+float32).
 
 ``--output`` is checked before the model is loaded (an impossible path fails at once) and opened
 when decoding starts; the translations are written as they are produced, a chunk of
@@ -161,12 +164,13 @@ def main(argv: Sequence[str]) -> None:
                                  if e.limit_key else f"--{e.key}: {e.reason}") from None
     try:
         check_output_path("output", FLAGS.output)  # Before loading the model.
+        precision, jit_compile, _ = cli.inference_settings(FLAGS.precision, FLAGS.jit_compile)
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
-                                               jit_compile=FLAGS.jit_compile,
+                                               jit_compile=jit_compile,
                                                search_cache=cli.search_cache_dir(
                                                    FLAGS.compilation_cache),
-                                               precision=FLAGS.precision)
+                                               precision=precision)
         translate_file(translator, FLAGS.input, FLAGS.output, beam_size=FLAGS.beam_size,
                        length_penalty=FLAGS.length_penalty, n_best=FLAGS.n_best,
                        batch_size=FLAGS.batch_size, progress=FLAGS.progress)

@@ -18,6 +18,16 @@ Example::
     from deep_nmt_tf.benchmark.decoding import benchmark_decode
     result = benchmark_decode()            # ~3-5 minutes on 2 CPU cores
     result["results"]["translator"]["beam4"]["tokens_per_second"]
+
+A real file (:func:`benchmark_file`, ``deep-nmt-benchmark --mode=decode_file``): a trained run
+translates a text file as a user would, in process (:class:`~deep_nmt_tf.inference.Translator`)
+and through its exported SavedModel (``serving_default``, text in and out, the host batching by
+length as the translator does: :func:`~deep_nmt_tf.inference.length_batches`), with the
+run's ``decoding`` section and the precision and XLA setting the tools choose
+(:func:`deep_nmt_tf.hardware.fastest_inference_settings`).  Target tokens/s = the
+translations' tokens (the run's tokenizer) / wall time of the whole file (median of the timed
+passes, after one untimed pass that traces and compiles: its time is reported too), and BLEU
+against a reference.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from typing import Dict, Optional, Sequence
 
 from deep_nmt_tf.benchmark.presets import BASE_OVERRIDES, PRESETS, stacks
 
-__all__ = ["MODES", "benchmark_decode", "format_results", "step_ops"]
+__all__ = ["MODES", "benchmark_decode", "format_results", "step_ops", "benchmark_file",
+           "format_file_results"]
 
 MODES = {"greedy": 1, "beam4": 4}
 
@@ -198,3 +209,130 @@ def step_ops(name: str, precision: str = "float32"):
     path, overrides = config_overrides(name)
     model = build_model(load_config(path, overrides), dtype=INFERENCE_POLICIES[precision])
     return [count_step_ops(model, beam_size=beam) for beam in (1, 4)]
+
+
+def _read_text(path: str):
+    from deep_nmt_tf.data.text_io import read_lines
+
+    return list(read_lines(path))
+
+
+def _saved_model_translate(loaded, sentences: Sequence[str], batch_size: int):
+    """``serving_default`` over ``sentences`` in length-sorted batches (lengths: the SavedModel's
+    own tokenizer), results in input order."""
+    import tensorflow as tf
+
+    from deep_nmt_tf.inference import length_batches
+
+    serve = loaded.signatures["serving_default"]
+    lengths = loaded.tokenize(tf.constant(list(sentences), tf.string)).row_lengths().numpy()
+    out = [""] * len(sentences)
+    for batch in length_batches(lengths.tolist(), batch_size):
+        texts = serve(text=tf.constant([sentences[i] for i in batch]))["translations"].numpy()
+        for row, i in enumerate(batch):
+            out[i] = texts[row].decode("utf-8")
+    return out
+
+
+def benchmark_file(model_dir: str, input_path: str, reference_path: Optional[str] = None,
+                   checkpoint: Optional[str] = None, overrides: Sequence[str] = (),
+                   precision: Optional[str] = None, jit_compile: Optional[bool] = None,
+                   paths: Sequence[str] = ("translator", "saved_model"), repeats: int = 3,
+                   work_dir: Optional[str] = None) -> Dict[str, object]:
+    """Translates a text file with a trained run (module docstring, "A real file").
+
+    Args:
+      model_dir: a run directory; ``checkpoint``: one of its checkpoints (default the latest).
+      input_path: source text, one sentence per line; ``reference_path``: its reference
+        translation (BLEU; optional).
+      overrides: config overrides (``decoding.beam_size=4``, ``decoding.batch_size=64`` ...).
+      precision, jit_compile: None: :func:`deep_nmt_tf.hardware.fastest_inference_settings`.
+      paths: subset of ``translator`` (in process) and ``saved_model``.
+      repeats: timed passes over the file per path (the median is reported).
+      work_dir: where the SavedModel is written (default: a temporary directory, removed).
+
+    Returns:
+      dict: ``results[path]`` -> ``{"tokens_per_second", "sentences_per_second", "seconds",
+      "first_pass_seconds", "tokens", "bleu"}`` (``bleu`` with a reference: sacreBLEU, and
+      its ``bleu_signature``), plus the settings (``precision``, ``jit_compile``,
+      ``inference_settings``: why), ``beam_size``, ``batch_size``, ``sentences``,
+      ``outputs_equal`` (the SavedModel's translations == the translator's) and the machine.
+    """
+    import tensorflow as tf
+
+    from deep_nmt_tf.decoding.scoring import corpus_scores
+    from deep_nmt_tf.export.saved_model import export_model_dir, load_saved_model
+    from deep_nmt_tf.hardware import describe_machine, fastest_inference_settings
+    from deep_nmt_tf.inference import Translator
+
+    settings = fastest_inference_settings(precision, jit_compile)
+    sentences = _read_text(input_path)
+    references = _read_text(reference_path) if reference_path else None
+    if references is not None and len(references) != len(sentences):
+        raise ValueError(f"{reference_path}: {len(references)} lines, {input_path}: "
+                         f"{len(sentences)}")
+    translator = Translator.from_model_dir(model_dir, checkpoint, overrides,
+                                           jit_compile=settings.jit_compile,
+                                           precision=settings.precision)
+    decoding = translator.config.decoding
+    runs = {"translator": lambda: [h[0].text for h in translator.translate(sentences)]}
+    tmp = work_dir or tempfile.mkdtemp(prefix="deep_nmt_bench_file_")
+    results: Dict[str, Dict[str, object]] = {}
+    outputs: Dict[str, list] = {}
+    try:
+        if "saved_model" in paths:
+            path = export_model_dir(model_dir, tmp, checkpoint, version=1, overrides=overrides,
+                                    jit_compile=settings.jit_compile, overwrite=True,
+                                    precision=settings.precision)
+            loaded = load_saved_model(path)
+            runs["saved_model"] = lambda: _saved_model_translate(loaded, sentences,
+                                                                 decoding.batch_size)
+        for name in paths:
+            start = time.perf_counter()
+            outputs[name] = runs[name]()
+            first = time.perf_counter() - start
+            times = _time_passes(runs[name], repeats)
+            tokens = int(sum(translator.tokenizer.tokenize(
+                tf.constant(outputs[name] or [""])).row_lengths().numpy()))
+            result = _summary(times, tokens)
+            result.update(first_pass_seconds=round(first, 4),
+                          sentences_per_second=len(sentences) / statistics.median(times))
+            if references is not None:
+                # A model trained on lowercased text is scored case-insensitively (evaluate).
+                scores = corpus_scores(outputs[name], references,
+                                       lowercase=translator.config.data.lowercase)
+                result.update(bleu=scores["bleu"], bleu_signature=scores["bleu_signature"])
+            results[name] = result
+    finally:
+        if work_dir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    equal = (outputs["saved_model"] == outputs["translator"]
+             if {"saved_model", "translator"} <= set(outputs) else None)
+    return {"model_dir": model_dir, "input": input_path, "reference": reference_path,
+            "checkpoint": translator.checkpoint_path, "sentences": len(sentences),
+            "precision": settings.precision, "jit_compile": settings.jit_compile,
+            "inference_settings": settings.reason, "beam_size": decoding.beam_size,
+            "batch_size": decoding.batch_size, "repeats": repeats, "results": results,
+            "outputs_equal": equal, "machine": describe_machine(),
+            "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def _time_passes(fn, repeats: int):
+    times = []
+    for _ in range(max(1, int(repeats))):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def format_file_results(result: Dict[str, object]) -> str:
+    """One line per path: tokens/s, sentences/s, BLEU, the settings."""
+    lines = []
+    for path, r in result["results"].items():
+        bleu = f", BLEU {r['bleu']:.2f}" if "bleu" in r else ""
+        lines.append(f"deep_nmt_tf file {path}: {r['tokens_per_second']:.1f} target tok/s, "
+                     f"{r['sentences_per_second']:.1f} sentences/s{bleu} ({result['sentences']} "
+                     f"sentences, beam {result['beam_size']}, batch {result['batch_size']}, "
+                     f"{result['inference_settings']}; first pass {r['first_pass_seconds']} s)")
+    return "\n".join(lines)

@@ -22,9 +22,9 @@ leaves are loop variables (the others are loop invariants, passed unchanged to e
 ``decode_step`` runs in a ``keras.StatelessScope`` holding the model's variables, read once
 before the loop, so that a step reads no variable; the token bias is one of two constant
 vectors; the live hypotheses, all of one length, share one length penalty per step; a finished
-hypothesis keeps its final score instead of recomputing it; the ids of a step are written with a
-select on ``positions == step``; the lengths are counted from the ids after the loop.  None of
-this changes a result: the same float operations on the same values.
+hypothesis keeps the score it finished with; the ids of a step are written with a select on
+``positions == step``; the lengths are counted from the ids after the loop.  None of this
+changes a result: the same float operations on the same values.
 
 Everything is written with ``keras.ops`` (``while_loop``, ``top_k``, selects) and
 static shapes, so the same code runs eagerly, inside ``tf.function`` (with or without
@@ -41,17 +41,30 @@ Conventions
   included when it was produced); ``scores`` divides it by the GNMT length penalty
   (Wu et al. 2016, Eq. 14) ``lp(len) = ((5 + len) / 6) ** alpha``, where ``len`` counts the
   generated tokens including the ``EOS``.  ``alpha = 0`` ranks by the raw log-probability.
-* Finished hypotheses stay in the beam (as in OpenNMT-tf and Sockeye): at every step the
-  ``beam_size * vocab`` extensions of the live hypotheses and the finished hypotheses (each as
-  one candidate with its final score) compete on their length-penalised score.  A sentence is
-  done when all its ``beam_size`` hypotheses have finished; the loop stops when every sentence
-  is done or ``max_length`` steps have run.  Beam size 1 is exactly greedy search.
+* Finished hypotheses are kept aside (as in Tensor2Tensor, OpenNMT-tf and CTranslate2): each
+  sentence has ``beam_size`` live hypotheses and a finished set of ``beam_size``.  At every
+  step the ``2 * beam_size`` best extensions of a sentence's live hypotheses are taken; those
+  that end (``EOS``, or the length limit) join the finished set, which keeps its
+  ``beam_size`` best by length-penalised score, and the beam goes on with the ``beam_size``
+  best that did not end.  A finished hypothesis is never pushed out by live ones, only by
+  better finished ones.  A sentence is done when its ``n_best``-th finished score is at least
+  the best score a live hypothesis can still reach: its log-probability (which only falls)
+  over the penalty of the sentence's longest output, ``lp(limit)`` (``alpha >= 0``); a done
+  sentence's finished set no longer changes.  The loop stops when every sentence is done or
+  ``max_length`` steps have run.  ``beam_size`` 1 (a Python int) is greedy search; a beam
+  size of 1 given as a tensor keeps a finished set too, so it may go on past an ``EOS`` when
+  the length penalty lets a longer hypothesis score better.
+* Greedy search stops a sentence at its ``EOS`` or its limit, and the loop when every
+  sentence has stopped.
 * ``PAD_ID`` and ``BOS_ID`` are never generated; ``EOS_ID`` is banned while fewer than
   ``min_length`` tokens have been generated (``min_length = max_length`` gives fixed-length
   outputs, as the speed benchmarks use).
 * Outputs.  ``ids`` ``[B, N, L]`` int32 hold the generated tokens without ``EOS``, padded with
   ``PAD_ID``; ``lengths`` ``[B, N]`` count those tokens; ``scores`` / ``log_probs`` ``[B, N]``
-  float32; hypotheses are sorted best first (``N = n_best``; greedy gives ``N = 1``).
+  float32; hypotheses are sorted best first (``N = n_best``; greedy gives ``N = 1``); an entry
+  of the finished set that holds no hypothesis (fewer than ``N`` found) is empty with score
+  and log-prob ``-1e9``.  ``steps`` (int32 scalar) is the number of decoder steps the loop ran
+  for the batch.
 
 Example (any backend)::
 
@@ -81,8 +94,8 @@ __all__ = [
     "search",
 ]
 
-# Score of the beams that do not exist yet at step 0 (all beams of a sentence start from BOS;
-# only beam 0 is live).  Finite, so that nothing becomes NaN.
+# Score and log-prob of a finished-set entry that holds no hypothesis (yet): below any real
+# one, and finite, so that an n-best list longer than the hypotheses found has no -inf.
 _DEAD_BEAM = -1.0e9
 _MASKED = float("-inf")
 
@@ -185,7 +198,7 @@ def _read_variables(model):
     return [(v, v.value) for v in variables] or None
 
 
-def _decode_loop(model, state, flags, limits, max_length, min_length, log_probs, aux,
+def _decode_loop(model, state, flags, rows, max_length, min_length, log_probs, finished, aux,
                  extend):
     """The decoding loop both searches run.
 
@@ -194,27 +207,26 @@ def _decode_loop(model, state, flags, limits, max_length, min_length, log_probs,
     ``min_length``) and ``extend(next_step, logp, slot, ids, log_probs, finished, aux,
     carried)`` picks the tokens and returns the next ``(tokens, ids, log_probs, finished, aux,
     carried)`` (``next_step``: the step + 1; ``slot``: ``[1, max_length]``, True at the step;
-    ``aux``: the search's own per-row values; ``carried``: the state leaves flagged True, in
-    ``keras.tree.flatten`` order).  The loop ends after ``max_length`` steps or when every row
-    has finished.
+    ``ids`` ``[rows, max_length]``: the rows' tokens so far, then ``PAD``; ``finished``: a
+    boolean vector, per row (greedy) or per sentence (beam); ``aux``: the search's own values;
+    ``carried``: the state leaves flagged True, in ``keras.tree.flatten`` order).  The loop ends
+    after ``max_length`` steps or as soon as every entry of ``finished`` is True.
 
     Only the leaves that ``flags`` (:meth:`state_reorder_flags`) marks True are loop
     variables; the others hold their initial value (the module docstring) and are loop
     invariants, whatever the step returns for them.
 
     Returns:
-      ``ids`` ``[rows, max_length]`` (generated tokens, ``EOS`` included, then ``PAD``),
-      ``lengths`` ``[rows]`` (tokens other than ``PAD``: ``EOS`` included), ``log_probs``
-      ``[rows]``.
+      The loop's final ``(steps, tokens, ids, log_probs, finished, aux, carried)``; ``steps``
+      is the number of steps run (int32 scalar).
     """
-    rows = ops.shape(limits)[0]
     leaves = keras.tree.flatten(state)
     carried = [i for i, flag in enumerate(keras.tree.flatten(flags)) if flag is True]
     variables = _read_variables(model)
     positions = ops.arange(max_length, dtype="int32")
     loop_vars = (ops.convert_to_tensor(0, "int32"), ops.full((rows,), BOS_ID, "int32"),
-                 ops.zeros((rows, max_length), "int32"), log_probs, ops.less_equal(limits, 0),
-                 tuple(aux), [leaves[i] for i in carried])
+                 ops.zeros((rows, max_length), "int32"), log_probs, finished, tuple(aux),
+                 [leaves[i] for i in carried])
 
     def cond(step, tokens, ids, log_probs, finished, aux, values):
         return ops.logical_and(ops.less(step, max_length),
@@ -238,10 +250,7 @@ def _decode_loop(model, state, flags, limits, max_length, min_length, log_probs,
                      [new_leaves[i] for i in carried])
         return (next_step,) + tuple(out)
 
-    out = ops.while_loop(cond, body, loop_vars)
-    ids, log_probs = out[2], out[3]
-    lengths = ops.sum(ops.cast(ops.not_equal(ids, PAD_ID), "int32"), axis=-1)
-    return ids, lengths, log_probs
+    return ops.while_loop(cond, body, loop_vars)
 
 
 def _ends(tokens, lengths, limits):
@@ -269,7 +278,7 @@ def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b:
 
     Returns:
       dict ``ids`` ``[B, 1, L]``, ``lengths`` ``[B, 1]``, ``scores`` ``[B, 1]``,
-      ``log_probs`` ``[B, 1]`` (module docstring).
+      ``log_probs`` ``[B, 1]``, ``steps`` (module docstring).
     """
     source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
                                                      max_length_b, max_length)
@@ -285,13 +294,15 @@ def greedy_search(model, source_ids, *, max_length_a: float = 1.5, max_length_b:
         finished = ops.logical_or(finished, _ends(next_ids, next_step, limits))
         return next_ids, ids, log_probs, finished, aux, state
 
-    ids, lengths, log_probs = _decode_loop(
-        model, state, _reorder_flags(model, state), limits, max_length, min_length,
-        ops.zeros((ops.shape(source_ids)[0],), "float32"), (), extend)
+    rows = ops.shape(source_ids)[0]
+    steps, _, ids, log_probs, _, _, _ = _decode_loop(
+        model, state, _reorder_flags(model, state), rows, max_length, min_length,
+        ops.zeros((rows,), "float32"), ops.less_equal(limits, 0), (), extend)
+    lengths = ops.sum(ops.cast(ops.not_equal(ids, PAD_ID), "int32"), axis=-1)  # EOS counted
     scores = log_probs / gnmt_length_penalty(lengths, length_penalty)
     ids, out_lengths = _finalize_ids(ids)
     return {"ids": ids[:, None, :], "lengths": out_lengths[:, None],
-            "scores": scores[:, None], "log_probs": log_probs[:, None]}
+            "scores": scores[:, None], "log_probs": log_probs[:, None], "steps": steps}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,20 +321,28 @@ def _tile(x, beam_size):
 def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: int = 1,
                 max_length_a: float = 1.5, max_length_b: Number = 10, max_length=None,
                 min_length=0) -> Dict[str, Any]:
-    """Batched beam search with the GNMT length penalty.
+    """Batched beam search with the GNMT length penalty and a finished set per sentence.
 
     Args:
       model: a model with ``encode`` / ``init_decoder_state`` / ``decode_step``.
       source_ids: int ``[B, S]``.
-      beam_size: K (Python int; on the TensorFlow backend also an int32 scalar tensor).
-      length_penalty: alpha (float or float32 scalar).
+      beam_size: K (Python int; on the TensorFlow backend also an int32 scalar tensor).  A
+        Python int 1 runs :func:`greedy_search`.
+      length_penalty: alpha (float or float32 scalar; >= 0, which the early stop's bound
+        assumes).
       n_best: hypotheses returned per sentence (Python int, clipped to ``beam_size``).
       max_length_a, max_length_b, max_length, min_length: as :func:`greedy_search`.
 
     Returns:
       dict ``ids`` ``[B, N, L]``, ``lengths`` ``[B, N]``, ``scores`` ``[B, N]``,
-      ``log_probs`` ``[B, N]``, best first (module docstring).
+      ``log_probs`` ``[B, N]``, best first, and ``steps`` (module docstring).
     """
+    if _is_static_int(beam_size) and beam_size == 1:
+        if n_best < 1:
+            raise ValueError(f"n_best must be >= 1, got {n_best}")
+        return greedy_search(model, source_ids, max_length_a=max_length_a,
+                             max_length_b=max_length_b, max_length=max_length,
+                             min_length=min_length, length_penalty=length_penalty)
     source_ids, max_length, limits, state = _prepare(model, source_ids, max_length_a,
                                                      max_length_b, max_length)
     k = beam_size
@@ -336,73 +355,87 @@ def beam_search(model, source_ids, *, beam_size=4, length_penalty=0.6, n_best: i
     if n_best < 1:
         raise ValueError(f"n_best must be >= 1, got {n_best}")
     batch = ops.shape(source_ids)[0]
-    rows = batch * k
     flags = _reorder_flags(model, state)
     # Leaves flagged None belong to no row: not tiled.
     state = keras.tree.map_structure(lambda flag, x: x if flag is None else _tile(x, k),
                                      flags, state)
-    limits = _tile(limits, k)
-    beam_index = ops.tile(ops.arange(k, dtype="int32"), (batch,))  # [B*K]
-    log_probs = ops.cast(ops.where(ops.equal(beam_index, 0), 0.0, _DEAD_BEAM), "float32")
-    # A finished hypothesis keeps its final score ("frozen"): that of the candidate that
-    # finished it, i.e. log_probs / lp(its length), recomputed by nobody.
-    frozen = log_probs / gnmt_length_penalty(ops.zeros((rows,), "int32"), length_penalty)
-    # First row of every sentence's beam block: gather offsets.
-    offsets = ops.repeat(ops.arange(batch, dtype="int32") * k, k, axis=0)  # [B*K]
+    sentence_limits = ops.expand_dims(limits, 1)                                 # [B, 1]
+    # The best score a live hypothesis can still reach: its log-prob (which only falls) over
+    # the penalty of the sentence's longest output (alpha >= 0: the largest penalty).
+    bound_penalty = gnmt_length_penalty(limits, length_penalty)                 # [B]
+    beam_index = ops.reshape(ops.tile(ops.arange(k, dtype="int32"), (batch,)), (batch, k))
+    # Only beam 0 is live at first (the others would repeat it), and none for a sentence with
+    # no room for a token; -inf never wins a top-k.
+    room = ops.greater(sentence_limits, 0)
+    log_probs = ops.where(ops.logical_and(ops.equal(beam_index, 0), room), 0.0, _MASKED)
+    log_probs = ops.cast(ops.reshape(log_probs, (-1,)), "float32")              # [B*K]
+    empty = ops.logical_and(ops.equal(beam_index, 0), ops.logical_not(room))
+    # The finished set: a sentence with no room for a token has the empty translation; the
+    # other entries are empty until hypotheses finish (a finite score below any real one).
+    fin_scores = ops.cast(ops.where(empty, 0.0, _DEAD_BEAM), "float32")         # [B, K]
+    aux = (ops.zeros((batch * k, max_length), "int32"), fin_scores, fin_scores)
+    # First row of each sentence in the beam [B*K], its candidates [B*2K], both sets [B*3K].
+    first = ops.expand_dims(ops.arange(batch, dtype="int32"), 1)
+    row_offsets, cand_offsets, pool_offsets = first * k, first * (2 * k), first * (3 * k)
 
-    def extend(next_step, logp, slot, ids, log_probs, finished, aux, state):
-        (frozen,) = aux
+    def extend(next_step, logp, slot, ids, log_probs, done, aux, state):
+        fin_ids, fin_scores, fin_log_probs = aux
         vocab_size = logp.shape[-1]
-        # Live beams (all as long as the steps run): every extension, normalised by the new
-        # length (`next_step`); finished beams: one candidate (column 0, always PAD
-        # otherwise) with their final score.
-        cand_logp = ops.expand_dims(ops.where(finished, _MASKED, log_probs), 1) + logp
-        fin_score = ops.expand_dims(ops.where(finished, frozen, _MASKED), 1)
-        cand_score = ops.where(np.arange(vocab_size) == 0, fin_score,
-                               cand_logp / gnmt_length_penalty(next_step, length_penalty))
-        # Best K of the K * V candidates of each sentence.
-        top_score, top = ops.top_k(ops.reshape(cand_score, (batch, k * vocab_size)), k)
-        top = ops.reshape(ops.cast(top, "int32"), (rows,))                      # [BK]
-        origin = top // vocab_size + offsets
+        width = ops.shape(ids)[1]
+        # The 2K best extensions of each sentence's live hypotheses (all as long as the steps
+        # run, so the log-prob ranks them as the length-penalised score does): at most K end
+        # with EOS, so K of them at least go on unless the length limit ends them all.
+        cand = ops.reshape(ops.expand_dims(log_probs, 1) + logp, (batch, k * vocab_size))
+        top_logp, top = ops.top_k(cand, 2 * k)                                  # [B, 2K]
+        top = ops.cast(top, "int32")
+        origin = ops.reshape(top // vocab_size + row_offsets, (-1,))            # [B*2K]
         token = top % vocab_size
-        was_finished = ops.take(finished, origin, axis=0)
-        log_probs = ops.where(was_finished, ops.take(log_probs, origin, axis=0),
-                              ops.take(ops.reshape(cand_logp, (-1,)),
-                                       top + offsets * vocab_size, axis=0))
-        frozen = ops.where(was_finished, ops.take(frozen, origin, axis=0),
-                           ops.reshape(top_score, (rows,)))
-        token = ops.where(was_finished, PAD_ID, token)
-        finished = ops.logical_or(was_finished, _ends(token, next_step, limits))
-        ids = ops.where(slot, ops.expand_dims(token, 1), ops.take(ids, origin, axis=0))
-        state = [ops.take(x, origin, axis=0) for x in state]
-        return token, ids, log_probs, finished, (frozen,), state
+        ends = _ends(token, next_step, sentence_limits)
+        cand_ids = ops.where(slot, ops.reshape(token, (-1, 1)),
+                             ops.take(ids, origin, axis=0))                     # [B*2K, L]
+        # The ended candidates join the finished set by their length-penalised score; it
+        # keeps its K best (a done sentence has no live hypothesis, so no candidate).
+        new_scores = ops.where(ends, top_logp / gnmt_length_penalty(next_step, length_penalty),
+                               _MASKED)
+        fin_scores, keep = ops.top_k(ops.concatenate([fin_scores, new_scores], axis=1), k)
+        keep = ops.reshape(ops.cast(keep, "int32") + pool_offsets, (-1,))      # in [B*3K]
+        fin_log_probs = ops.reshape(ops.take(ops.reshape(
+            ops.concatenate([fin_log_probs, top_logp], axis=1), (-1,)), keep, axis=0),
+            (batch, k))
+        pool = ops.concatenate([ops.reshape(fin_ids, (batch, k, width)),
+                                ops.reshape(cand_ids, (batch, 2 * k, width))], axis=1)
+        fin_ids = ops.take(ops.reshape(pool, (-1, width)), keep, axis=0)
+        # The beam goes on with the K best candidates that have not ended.
+        live_logp, pick = ops.top_k(ops.where(ends, _MASKED, top_logp), k)     # [B, K]
+        # A sentence is done when no live hypothesis can beat its n-th best finished one;
+        # its live hypotheses are dropped (-inf), so done it stays.
+        done = ops.greater_equal(fin_scores[:, n_best - 1], live_logp[:, 0] / bound_penalty)
+        live_logp = ops.where(ops.expand_dims(done, 1), _MASKED, live_logp)
+        pick = ops.reshape(ops.cast(pick, "int32") + cand_offsets, (-1,))      # in [B*2K]
+        ids = ops.take(cand_ids, pick, axis=0)
+        rows = ops.take(origin, pick, axis=0)
+        state = [ops.take(x, rows, axis=0) for x in state]
+        tokens = ops.sum(ops.where(slot, ids, 0), axis=1)  # the step's tokens
+        return (tokens, ids, ops.reshape(live_logp, (-1,)), done,
+                (fin_ids, fin_scores, fin_log_probs), state)
 
-    ids, lengths, log_probs = _decode_loop(model, state, flags, limits, max_length,
-                                           min_length, log_probs, (frozen,), extend)
-
-    # Sort each sentence's beams by final score (already sorted when the loop ran to the end
-    # of every hypothesis, but cheap) and keep the n best.
-    scores = log_probs / gnmt_length_penalty(lengths, length_penalty)
-    scores = ops.reshape(scores, (batch, k))
-    best_scores, order = ops.top_k(scores, n_best)                              # [B, N]
-    order = ops.cast(order, "int32")
-    log_probs = ops.take_along_axis(ops.reshape(log_probs, (batch, k)), order, axis=1)
-    ids = ops.reshape(ids, (batch, k, max_length))
-    ids = ops.take_along_axis(ids, order[:, :, None], axis=1)
-    ids, out_lengths = _finalize_ids(ids)
-    return {"ids": ids, "lengths": out_lengths, "scores": best_scores, "log_probs": log_probs}
+    steps, _, _, _, _, aux, _ = _decode_loop(model, state, flags, batch * k, max_length,
+                                             min_length, log_probs, ops.less_equal(limits, 0),
+                                             aux, extend)
+    fin_ids, fin_scores, fin_log_probs = aux
+    ids = ops.reshape(fin_ids, (batch, k, max_length))[:, :n_best]
+    ids, lengths = _finalize_ids(ids)
+    return {"ids": ids, "lengths": lengths, "scores": fin_scores[:, :n_best],
+            "log_probs": fin_log_probs[:, :n_best], "steps": steps}
 
 
 def search(model, source_ids, *, beam_size=1, length_penalty=0.6, n_best: int = 1,
            max_length_a: float = 1.5, max_length_b: Number = 10, max_length=None,
            min_length=0) -> Dict[str, Any]:
-    """Greedy search for a static ``beam_size`` of 1, else :func:`beam_search`.
+    """:func:`beam_search` with a default beam of 1: greedy search for a Python int 1.
 
-    Both return the same structure (and, for beam 1, the same values).
+    Both searches return the same structure.
     """
-    common = dict(max_length_a=max_length_a, max_length_b=max_length_b,
-                  max_length=max_length, min_length=min_length)
-    if _is_static_int(beam_size) and beam_size == 1:
-        return greedy_search(model, source_ids, length_penalty=length_penalty, **common)
     return beam_search(model, source_ids, beam_size=beam_size, length_penalty=length_penalty,
-                       n_best=n_best, **common)
+                       n_best=n_best, max_length_a=max_length_a, max_length_b=max_length_b,
+                       max_length=max_length, min_length=min_length)

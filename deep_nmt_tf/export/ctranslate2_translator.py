@@ -29,10 +29,9 @@ generated from the first step.  Greedy search (``beam_size=1``) then gives our g
 tokens, with one exception: a blank text (no tokens) gets an empty translation without
 decoding (CTranslate2's rule), where ours decodes ``</s>`` alone.  Beam search is
 CTranslate2's own, which is not ours: its ``length_penalty`` divides a hypothesis'
-log-probability by ``length ** alpha`` (ours by GNMT's ``((5 + length) / 6) ** alpha``), its
-finished hypotheses leave the beam, which continues with the next-best live ones (ours keep
-their slot and can be pushed out), and it renormalises the softmax without ``<pad>``/``<s>``
-(ours does not); see ``docs/SERVING.md``.
+log-probability by ``length ** alpha`` (ours by GNMT's ``((5 + length) / 6) ** alpha``), it
+may stop a sentence at another step (both keep finished hypotheses aside), and it renormalises
+the softmax without ``<pad>``/``<s>`` (ours does not); see ``docs/SERVING.md``.
 """
 
 from __future__ import annotations

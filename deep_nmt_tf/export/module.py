@@ -40,7 +40,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from deep_nmt_tf import compat
+from deep_nmt_tf import compat, hardware
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.decoding.search import beam_search
@@ -53,15 +53,15 @@ MAX_BEAM_SIZE = 64
 
 
 def default_jit_compile(compute_dtype) -> bool:
-    """Whether to compile the search with XLA when the caller does not say (``jit_compile=None``).
+    """Whether to compile the search with XLA when the caller does not say (``jit_compile=None``):
+    :func:`deep_nmt_tf.hardware.fastest_inference_settings` for this precision.
 
     True, except for a ``bfloat16`` compute dtype when TensorFlow sees no GPU and no TPU: on a
     CPU, XLA computes bfloat16 matmuls at about its float32 rate, while the plain graph's oneDNN
     kernels use the CPU's bfloat16 instructions (1.8-1.9x on AVX-512 BF16, BENCHMARKS.md).
     """
-    if str(getattr(compute_dtype, "name", compute_dtype)) != "bfloat16":
-        return True
-    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    precision = str(getattr(compute_dtype, "name", compute_dtype))
+    return hardware.fastest_inference_settings(precision).jit_compile
 
 
 def resolve_jit_compile(jit_compile: Optional[bool], compute_dtype) -> bool:

@@ -29,6 +29,10 @@ needs ``import tensorflow, tensorflow_text`` (the ops must be registered before 
     m = tf.saved_model.load("export/1")
     m.signatures["serving_default"](text=tf.constant(["Hello."]))["translations"]
 
+Beside the SavedModel, ``assets.extra/`` holds the config (``config.yaml``) and the export's
+facts (``deep_nmt.json``: the inference ``precision`` and ``jit_compile``, and from
+``deep-nmt-export`` the reason they were chosen).
+
 Empty, whitespace-only and over-long inputs (truncated to ``decoding.max_input_length``
 tokens) give a possibly empty translation, never an error.  With ``jit_compile`` (the default
 except for bfloat16 on a CPU-only machine) the search is an XLA cluster: TF Serving must run with
@@ -37,11 +41,12 @@ except for bfloat16 on a CPU-only machine) the search is an XLA cluster: TF Serv
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import tempfile
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -51,10 +56,12 @@ from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.export.module import TranslationModule
 from deep_nmt_tf.run_dir import RunDir
 
-__all__ = ["SIGNATURES", "next_version", "export_saved_model", "export_model_dir",
-           "load_saved_model"]
+__all__ = ["SIGNATURES", "METADATA_FILE", "next_version", "export_saved_model",
+           "export_model_dir", "load_saved_model"]
 
 SIGNATURES = ("serving_default", "translate_with_options", "translate_ids")
+#: The export's own facts, in ``<version>/assets.extra/``: ``precision``, ``jit_compile``.
+METADATA_FILE = "deep_nmt.json"
 
 
 def next_version(export_dir: str) -> int:
@@ -68,7 +75,7 @@ def next_version(export_dir: str) -> int:
 
 def export_saved_model(module: TranslationModule, export_dir: str,
                        version: Optional[int] = None, overwrite: bool = False,
-                       config=None) -> str:
+                       config=None, metadata: Optional[Dict[str, Any]] = None) -> str:
     """Writes ``module`` as ``EXPORT_DIR/<version>/`` (module docstring).
 
     The SavedModel is written to a temporary sibling directory and renamed into place, so a
@@ -81,6 +88,8 @@ def export_saved_model(module: TranslationModule, export_dir: str,
       version: integer version (default :func:`next_version`).
       overwrite: replace an existing version directory.
       config: the model's config, saved as ``assets.extra/config.yaml`` for reference.
+      metadata: more entries of ``assets.extra/deep_nmt.json``, which always holds the
+        inference ``precision`` (the model's compute dtype) and ``jit_compile``.
 
     Returns:
       The version directory.
@@ -106,6 +115,12 @@ def export_saved_model(module: TranslationModule, export_dir: str,
         tf.saved_model.save(module, tmp, signatures=signatures)
         if config is not None:
             save_config(config, os.path.join(tmp, "assets.extra", "config.yaml"))
+        info = {"precision": str(module.model.dtype_policy.compute_dtype),
+                "jit_compile": bool(module.jit_compile), **(metadata or {})}
+        tf.io.gfile.makedirs(os.path.join(tmp, "assets.extra"))
+        with open(os.path.join(tmp, "assets.extra", METADATA_FILE), "w",
+                  encoding="utf-8") as f:
+            json.dump(info, f, indent=2, sort_keys=True)
         if tf.io.gfile.exists(target):
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -120,7 +135,8 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
                      checkpoint: Optional[str] = None,
                      version: Optional[int] = None, overrides: Sequence[str] = (),
                      jit_compile: Optional[bool] = None, overwrite: bool = False,
-                     precision: str = "float32") -> str:
+                     precision: str = "float32",
+                     metadata: Optional[Dict[str, Any]] = None) -> str:
     """Loads a model directory (config, vocabulary, checkpoint) and exports it.
 
     Args:
@@ -140,6 +156,9 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
       precision: ``float32``, ``bfloat16`` or ``float16`` weights and activations
         (:func:`deep_nmt_tf.inference.load_run`); the signatures still take and return strings
         and float32 scores.
+      metadata: more entries of ``assets.extra/deep_nmt.json`` (:func:`export_saved_model`;
+        ``deep-nmt-export`` adds ``inference_settings``, why the precision and XLA setting
+        were chosen).
 
     Returns:
       The version directory.
@@ -153,7 +172,7 @@ def export_model_dir(model_dir: str, export_dir: Optional[str] = None,
     module = TranslationModule(run.build_model(), run.tokenizer, SearchOptions.from_config(d),
                                d.max_input_length, jit_compile=jit_compile)
     return export_saved_model(module, export_dir, version=version, overwrite=overwrite,
-                              config=run.config)
+                              config=run.config, metadata=metadata)
 
 
 def load_saved_model(path: str):

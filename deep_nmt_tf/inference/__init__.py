@@ -2,7 +2,8 @@
 
 * :mod:`.translator`: :func:`load_run` (config, vocabulary, tokenizer, checkpoint of a run
   directory: what inference and export start from), :class:`Translator` (length-sorted
-  batches, n-best lists, results in chunks, progress), :class:`Hypothesis`;
+  batches, n-best lists, results in chunks, progress), :class:`Hypothesis`,
+  :func:`length_batches` (the batching by length, for any host that batches);
 * :mod:`.searches`: the translator's compiled searches, one export module
   (:class:`deep_nmt_tf.export.module.TranslationModule`) per set of search options, and the
   search cache of earlier processes.
@@ -13,6 +14,7 @@ translated here is what a SavedModel serves.
 """
 
 from deep_nmt_tf.inference.translator import (Hypothesis, LoadedRun, Translator,
-                                              build_tokenizer, load_run)
+                                              build_tokenizer, length_batches, load_run)
 
-__all__ = ["Hypothesis", "LoadedRun", "Translator", "build_tokenizer", "load_run"]
+__all__ = ["Hypothesis", "LoadedRun", "Translator", "build_tokenizer", "length_batches",
+           "load_run"]

@@ -40,7 +40,8 @@ from deep_nmt_tf.export.module import TranslationModule, prepare_source, resolve
 from deep_nmt_tf.inference.searches import Searches
 from deep_nmt_tf.run_dir import RunDir
 
-__all__ = ["Translator", "Hypothesis", "LoadedRun", "load_run", "build_tokenizer"]
+__all__ = ["Translator", "Hypothesis", "LoadedRun", "load_run", "build_tokenizer",
+           "length_batches"]
 
 
 class Hypothesis(NamedTuple):
@@ -131,6 +132,18 @@ def _source_preparation(vocab_size: int, max_input_length: int, pad_to_multiple:
 
     return tf.function(prepare, input_signature=[tf.TensorSpec([None, None], tf.int32)],
                        autograph=False)
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> List[List[int]]:
+    """The indices of inputs of these ``lengths`` in batches of at most ``batch_size``, shortest
+    first (ties in input order): a batch pads to its longest input and its search runs until
+    its longest translation ends, so similar lengths together waste the least.  Put the results
+    of ``batch`` back in input order with ``results[i] = out[row]`` for ``row, i in
+    enumerate(batch)``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def _pack(rows: Sequence[np.ndarray]) -> np.ndarray:
@@ -316,11 +329,9 @@ class Translator:
         n_best = options.n_best
         sentences = list(sentences)
         tokens = self._tokenize(sentences)
-        order = sorted(range(len(tokens)), key=lambda i: (len(tokens[i]), i))
         results: List[Optional[List[Hypothesis]]] = [None] * len(tokens)
         done = 0
-        for start in range(0, len(order), batch_size):
-            index = order[start:start + batch_size]
+        for index in length_batches([len(t) for t in tokens], batch_size):
             source_ids = self._prepare_rows([tokens[i] for i in index])
             out = self.searches.run(source_ids, options)
             ids = out["ids"].numpy()[:, :n_best]

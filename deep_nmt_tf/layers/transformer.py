@@ -334,9 +334,9 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         s = self.cross_sublayer
         q = self.cross_attention.project_query(s.inputs(x))
         y = self.cross_attention.attend(q, cross_k, cross_v, memory_bias, training)
-        return self._ffn(s.outputs(x, y, training), training)
+        return self._ffn_sublayer(s.outputs(x, y, training), training)
 
-    def _ffn(self, x, training):
+    def _ffn_sublayer(self, x, training):
         s = self.ffn_sublayer
         return s.outputs(x, self.ffn(s.inputs(x), training=training), training)
 
@@ -433,7 +433,7 @@ class TransformerDecoderLayer(_TransformerLayerBase):
         s, att = self.cross_sublayer, self.cross_attention
         q = att.step_query(dense(s.inputs(x), att.q_kernel, att.q_bias), scale=False)
         y = att.attend_step(q, cache["cross"]["k"], cache["cross"]["v"], memory_bias)
-        x = self._ffn(s.outputs(x, y, training), training)
+        x = self._ffn_sublayer(s.outputs(x, y, training), training)
         return (ops.expand_dims(x, 1) if rank3 else x), {"self": self_cache,
                                                          "cross": cache["cross"]}
 

@@ -1,0 +1,89 @@
+"""The fastest inference precision and XLA setting per machine
+(deep_nmt_tf.hardware.fastest_inference_settings) and the tools' use of it
+(deep_nmt_tf.cli.inference_settings), with faked CPU flags."""
+
+import logging
+
+import pytest
+
+from deep_nmt_tf import cli, hardware
+from deep_nmt_tf.hardware import cpu_flags, fastest_inference_settings
+
+
+def _cpuinfo(flags, vendor="GenuineIntel", model_name="Intel(R) Xeon(R) Platinum 8480+"):
+    block = (f"processor\t: {{}}\nvendor_id\t: {vendor}\ncpu family\t: 6\nmodel\t\t: 143\n"
+             f"model name\t: {model_name}\nflags\t\t: {flags}\n\n")
+    return block.format(0) + block.format(1)
+
+
+SAPPHIRE_RAPIDS = _cpuinfo("fpu sse2 avx avx2 fma avx512f avx512bw avx512_bf16 amx_bf16 amx_tile")
+ZEN4 = _cpuinfo("fpu sse2 avx avx2 fma avx512f avx512bw avx512_bf16", "AuthenticAMD",
+                "AMD EPYC 9654")
+SKYLAKE = _cpuinfo("fpu sse2 avx avx2 fma avx512f avx512bw")
+ZEN3 = _cpuinfo("fpu sse2 avx avx2 fma", "AuthenticAMD", "AMD EPYC 7B13")
+GRAVITON = "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd sve bf16 i8mm\n\n"
+
+
+def test_cpu_flags_of_the_first_processor():
+    assert {"avx512_bf16", "amx_bf16", "avx2"} <= cpu_flags(SAPPHIRE_RAPIDS)
+    assert "avx512f" not in cpu_flags(ZEN3)
+    assert {"sve", "bf16"} <= cpu_flags(GRAVITON)
+    assert cpu_flags("") == frozenset()
+
+
+@pytest.mark.parametrize("cpuinfo,precision,jit_compile,named", [
+    (SAPPHIRE_RAPIDS, "bfloat16", False, "with amx_bf16, avx512_bf16"),
+    (ZEN4, "bfloat16", False, "with avx512_bf16"),
+    (SKYLAKE, "float32", True, "without amx_bf16 or avx512_bf16"),
+    (ZEN3, "float32", True, "without amx_bf16 or avx512_bf16"),
+    (GRAVITON, "float32", True, "without"),  # ARM's bf16 is not oneDNN's x86 path
+])
+def test_the_cpu_decides_precision_and_xla(cpuinfo, precision, jit_compile, named):
+    settings = fastest_inference_settings(cpuinfo=cpuinfo, accelerator=False)
+    assert (settings.precision, settings.jit_compile) == (precision, jit_compile)
+    assert named in settings.reason
+    assert settings.reason.startswith(f"{precision} {'with' if jit_compile else 'without'} XLA")
+
+
+def test_a_gpu_gets_float32_with_xla():
+    settings = fastest_inference_settings(cpuinfo=SAPPHIRE_RAPIDS, accelerator=True)
+    assert (settings.precision, settings.jit_compile) == ("float32", True)
+    assert "GPU" in settings.reason
+
+
+def test_flags_given_override_the_choice():
+    """A precision given keeps its value and gets the XLA setting that suits it here; an XLA
+    setting given is kept."""
+    f32 = fastest_inference_settings("float32", cpuinfo=SAPPHIRE_RAPIDS, accelerator=False)
+    assert (f32.precision, f32.jit_compile) == ("float32", True)
+    assert "--precision=float32 given" in f32.reason
+    bf16 = fastest_inference_settings("bfloat16", cpuinfo=ZEN3, accelerator=False)
+    assert (bf16.precision, bf16.jit_compile) == ("bfloat16", False)
+    forced = fastest_inference_settings(None, True, cpuinfo=SAPPHIRE_RAPIDS, accelerator=False)
+    assert (forced.precision, forced.jit_compile) == ("bfloat16", True)
+    assert "--jit_compile given" in forced.reason
+    both = fastest_inference_settings("float16", False, cpuinfo=ZEN3, accelerator=True)
+    assert (both.precision, both.jit_compile) == ("float16", False)
+
+
+def test_the_tools_log_the_choice_once(monkeypatch, caplog):
+    monkeypatch.setattr(hardware, "_this_cpu_flags", lambda: cpu_flags(ZEN4))
+    monkeypatch.setattr(hardware, "_has_accelerator", lambda: False)
+    with caplog.at_level(logging.INFO, logger="absl"):
+        assert cli.inference_settings(None, None)[:2] == ("bfloat16", False)
+    lines = [r.getMessage() for r in caplog.records if "Inference settings" in r.getMessage()]
+    assert len(lines) == 1 and "avx512_bf16" in lines[0] and "override" in lines[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="absl"):
+        assert cli.inference_settings("float32", False)[:2] == ("float32", False)
+    assert not [r for r in caplog.records if "Inference settings" in r.getMessage()]
+
+
+def test_the_library_default_follows_the_same_rule(monkeypatch):
+    from deep_nmt_tf.export.module import default_jit_compile
+
+    monkeypatch.setattr(hardware, "_has_accelerator", lambda: False)
+    assert default_jit_compile("float32") and default_jit_compile("float16")
+    assert not default_jit_compile("bfloat16")
+    monkeypatch.setattr(hardware, "_has_accelerator", lambda: True)
+    assert default_jit_compile("bfloat16")
