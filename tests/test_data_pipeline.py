@@ -230,8 +230,11 @@ def test_empty_pairs_are_dropped_and_counted(tmp_path, tokenizer):
 
 def test_eval_dataset_keeps_file_order(corpus, tokenizer):
     config = _config(corpus)
+    # Limits above the longest dev line, so that nothing is truncated (truncation is tested
+    # below): the sentences must come back whole and in file order.
     dataset = pipeline.make_eval_dataset(config, tokenizer, corpus["dev_source"],
-                                         corpus["dev_target"], batch_size=8, include_text=True)
+                                         corpus["dev_target"], batch_size=8, include_text=True,
+                                         max_source_length=512, max_target_length=512)
     batches = _batches(dataset, -1)
     assert [b["source_ids"].shape[0] for b in batches] == [8, 8, 4]
     sources = [t.decode() for b in batches for t in b["source_text"]]

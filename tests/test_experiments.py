@@ -202,7 +202,8 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     args = [f"--suite={suite}", f"--data_dir={data}", f"--output_dir={out}",
             "--only=baseline", "--max_steps=60",
             f"--extra_test=again={data}/test2016.en:{data}/test2016.de"] + [
-        f"--override={o}" for o in TINY + ["training.checkpoint_every=20"]]
+        f"--override={o}" for o in TINY + [
+            "training.checkpoint_every=20", "training.grad_norm_ratio_every=20"]]
     proc = run_tool("experiment", *args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
