@@ -308,6 +308,13 @@ class RunLock:
         while not self._stop.wait(self.heartbeat):
             if not self.owned():
                 holder, age = self._holder()
+                for _ in range(25):  # A file being written (by hand, say) reads as no record.
+                    if holder is not None or not os.path.exists(self.path):
+                        break
+                    time.sleep(0.02)
+                    holder, age = self._holder()
+                if holder is not None and holder.get("token") == self.token:
+                    continue
                 logging.error("%s: the lock %s was taken over by %s; this %s no longer owns the "
                               "run directory", self.directory, self.path,
                               _describe(holder, age) if holder else "another process",

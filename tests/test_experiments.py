@@ -41,7 +41,8 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 16
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 17
+    assert "sentencepiece" in names  # the baseline with a SentencePiece vocabulary
     from deep_nmt_tf.config import load_config
 
     for run in runs:
