@@ -40,3 +40,24 @@ def backend():
     import keras
 
     return keras.backend.backend()
+
+
+
+def pytest_collection_modifyitems(config, items):
+    """The JAX re-run (``DEEP_NMT_JAX_RERUN=1``, set by ``tests/test_jax_backend.py``) keeps one
+    case of each parametrized test, its first, and leaves out the tests marked
+    ``jax_rerun_skip``: every test function runs on the second backend, while the combinations
+    of options (and the compositions of parts checked on their own) run once, on TensorFlow.
+    JAX executes each eager op through its own XLA compilation, so a case costs 3-10x its
+    TensorFlow time there."""
+    if os.environ.get("DEEP_NMT_JAX_RERUN") != "1":
+        return
+    seen, kept, dropped = set(), [], []
+    for item in items:
+        key = (item.nodeid.split("::")[0], getattr(item, "originalname", item.name))
+        skip = key in seen or item.get_closest_marker("jax_rerun_skip") is not None
+        (dropped if skip else kept).append(item)
+        seen.add(key)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

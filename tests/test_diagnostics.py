@@ -249,10 +249,10 @@ DEMO_OVERRIDES = [
     "model.decoder.transformer.num_layers=1"] + [
     f"model.{stack}.transformer.{key}" for stack in ("encoder", "decoder")
     for key in ("num_heads=2", "ffn_dim=32", "norm=post")] + [
-    "training.train_steps=8", "training.batch_tokens=1024", "training.schedule.type=constant",
+    "training.train_steps=5", "training.batch_tokens=1024", "training.schedule.type=constant",
     "training.schedule.constant.learning_rate=3e-3", "training.grad_norm_ratio_every=1",
-    "training.log_every=8",
-    "training.checkpoint_every=8", "training.eval_every=0",
+    "training.log_every=5",
+    "training.checkpoint_every=5", "training.eval_every=0",
 ]
 VARIANTS = {
     "post-norm": [],

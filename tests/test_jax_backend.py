@@ -1,5 +1,6 @@
-"""Re-runs the pure-Keras layer and model tests under ``KERAS_BACKEND=jax``, and checks that
-``deep_nmt_tf.layers`` / ``deep_nmt_tf.models`` never import TensorFlow."""
+"""Re-runs the pure-Keras layer and model tests under ``KERAS_BACKEND=jax`` (the first case of
+each parametrized test, ``tests/conftest.py``), and checks that ``deep_nmt_tf.layers`` /
+``deep_nmt_tf.models`` never import TensorFlow."""
 
 import ast
 import glob
@@ -51,7 +52,8 @@ def test_layer_and_model_tests_pass_on_jax():
     pytest.importorskip("jax")
     files = _pure_keras_test_files()
     assert files, "no tests/test_layers_*.py or tests/test_models_*.py found"
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    # DEEP_NMT_JAX_RERUN: the first case of each parametrized test (tests/conftest.py).
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", DEEP_NMT_JAX_RERUN="1")
     proc = subprocess.run(
         # -n 0: one process (the outer run's other worker keeps the second core busy).
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-n", "0",
