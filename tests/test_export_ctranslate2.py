@@ -363,3 +363,143 @@ def test_text_translations_equal_ours(converted):
         ct2.translate_tokens([["w1"]], beam_size=2, n_best=3)
     with pytest.raises(FileNotFoundError, match="deep_nmt.json"):
         CTranslate2Translator(model_dir)
+
+
+# -- SentencePiece runs ---------------------------------------------------------------------------
+
+needs_sentencepiece = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("sentencepiece") is None,
+    reason="the sentencepiece package is not installed")
+
+SP_SENTENCES = ["Ta broku glimo vasu.", "MOKA mi Mopa balapa, ko paglagli!", "vasu",
+                "Ωmega 漢字 glimo", "Ta kagugus ko paglagli moka mi mopa balapa."]
+
+
+@pytest.fixture(scope="module")
+def sp_converted(tmp_path_factory):
+    """A lower-casing SentencePiece run (a unigram model learned on the synthetic corpus, a
+    random-weight model saved as its checkpoint), converted by export_model_dir."""
+    from deep_nmt_tf.checkpoints import CheckpointStore
+    from deep_nmt_tf.data import synthetic
+    from deep_nmt_tf.data.spm import learn_sentencepiece
+    from deep_nmt_tf.export.ctranslate2 import export_model_dir
+    from deep_nmt_tf.run_dir import RunDir
+
+    directory = tmp_path_factory.mktemp("sp_run")
+    paths = synthetic.write_corpus(str(directory / "corpus"), 200, 10, 10, seed=5)
+    run = RunDir(str(directory / "run"))
+    model_path = run.join("sentencepiece.model")
+    sp = learn_sentencepiece([paths["train_source"], paths["train_target"]], model_path, 120,
+                             lowercase=True)
+    stack = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32}
+    config = config_from_dict({
+        "model": {"vocab_size": sp.vocab_size, "d_model": 16, "encoder": {"transformer": stack},
+                  "decoder": {"transformer": dict(stack, tie_softmax=False)},
+                  "tie_source_target_embeddings": False},  # (untied: varied outputs)
+        "data": {"vocab": model_path, "lowercase": True, "tokenizer": {"type": "sentencepiece"}},
+        "decoding": {"beam_size": 1, "max_length_a": 1.0, "max_length_b": 4}},
+        source="<sentencepiece ctranslate2 run>")
+    run.write_config(config)
+    CheckpointStore(run).save(_model(config, seed=1), 1, 1)
+    return run.path, export_model_dir(run.path, str(directory / "ct2")), sp
+
+
+@needs_ctranslate2
+@needs_sentencepiece
+def test_a_sentencepiece_run_converts_and_translates_as_ours(sp_converted):
+    """CTranslate2Translator's greedy text of a SentencePiece run is our Translator's: the
+    pieces in our id order, lower-casing, an unknown character as [UNK], decoding by the
+    model."""
+    from deep_nmt_tf.constants import UNK_TOKEN
+    from deep_nmt_tf.export.ctranslate2_translator import CTranslate2Translator
+    from deep_nmt_tf.inference import Translator
+    from deep_nmt_tf.run_dir import file_sha256
+
+    run_path, path, sp = sp_converted
+    assert {"sentencepiece.model", "vocab.txt", "shared_vocabulary.json"} <= set(os.listdir(path))
+    with open(os.path.join(path, "deep_nmt.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["tokenizer"] == {"kind": "sentencepiece", "file": "sentencepiece.model",
+                                 "sha256": file_sha256(sp.path), "lowercase": True}
+    with open(os.path.join(path, "shared_vocabulary.json"), encoding="utf-8") as f:
+        assert json.load(f) == sp.pieces
+    with open(os.path.join(path, "vocab.txt"), encoding="utf-8") as f:
+        assert f.read().splitlines() == sp.pieces
+
+    ours = Translator.from_model_dir(run_path, jit_compile=False)
+    ct2 = CTranslate2Translator(path, intra_threads=1)
+    assert ct2.kind == "sentencepiece" and ct2.lowercase
+    tokens = ct2.tokenize(SP_SENTENCES)  # plain Python: the in-graph tokenizer's ids
+    assert [[ct2._ids[t] for t in row] for row in tokens] == ours.tokenize(SP_SENTENCES)
+    assert UNK_TOKEN in tokens[3] and tokens[1] == ct2.tokenize([SP_SENTENCES[1].lower()])[0]
+    ours_out = ours.translate(SP_SENTENCES, beam_size=1)
+    ct2_out = ct2.translate_hypotheses(SP_SENTENCES, beam_size=1)
+    assert len({t for h in ct2_out for t in h[0].tokens}) >= 10  # Not one piece repeated.
+    assert [h[0].text for h in ct2_out] == [h[0].text for h in ours_out]
+    assert [tuple(ct2._ids[t] for t in h[0].tokens) for h in ct2_out] == \
+        [h[0].ids for h in ours_out]
+    assert ct2.detokenize([UNK_TOKEN, "</s>", "\u2581x"]) == " \u2047 "  # sentencepiece's
+
+
+@needs_ctranslate2
+@needs_sentencepiece
+def test_a_changed_sentencepiece_model_is_refused(sp_converted, tmp_path):
+    import shutil
+
+    from deep_nmt_tf.export.ctranslate2_translator import CTranslate2Translator
+
+    path = str(tmp_path / "ct2")
+    shutil.copytree(sp_converted[1], path)
+    with open(os.path.join(path, "sentencepiece.model"), "ab") as f:
+        f.write(b"\n")
+    with pytest.raises(ValueError, match=r"sentencepiece\.model .* is not the sentencepiece file"):
+        CTranslate2Translator(path)
+    meta_path = os.path.join(path, "deep_nmt.json")
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    meta["tokenizer"]["kind"] = "bpe"
+    with open(meta_path, "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    with pytest.raises(ValueError, match=r"tokenizer.kind 'bpe' is unknown"):
+        CTranslate2Translator(path)
+
+
+@needs_sentencepiece
+def test_sentencepiece_pieces_must_be_distinct_tokens(tmp_path):
+    """A model whose own piece repeats a reserved token (a user-defined ``<pad>`` where the
+    model has no padding id) cannot be looked up by string: refused, naming the file."""
+    import sentencepiece
+
+    from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.export.ctranslate2 import read_tokens
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(["ta broku glimo vasu", "moka mi mopa balapa"] * 20) + "\n",
+                    encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(tmp_path / "dup"), vocab_size=30, minloglevel=2,
+        user_defined_symbols=["<pad>"], hard_vocab_limit=False)
+    with pytest.raises(DataError, match=r"dup\.model: the piece '<pad>' .* repeats the token"):
+        read_tokens(str(tmp_path / "dup.model"), "sentencepiece")
+    with pytest.raises(ValueError, match="unknown tokenizer kind 'bpe'"):
+        read_tokens(str(text), "bpe")
+
+
+@needs_ctranslate2
+def test_an_old_directory_without_a_tokenizer_kind_is_wordpiece(tmp_path):
+    from deep_nmt_tf.export.ctranslate2_translator import CTranslate2Translator
+
+    path = _convert(_model(_config(), seed=1), tmp_path,
+                    max_positions=MAX_LEN + 10)
+    meta_path = os.path.join(path, "deep_nmt.json")
+    with open(meta_path, encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["tokenizer"]["kind"] == "wordpiece" and meta["tokenizer"]["file"] == "vocab.txt"
+    meta["tokenizer"] = {"lowercase": False}  # as the first converter wrote it (no kind)
+    with open(meta_path, "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    ct2 = CTranslate2Translator(path, intra_threads=1)
+    assert ct2.kind == "wordpiece" and ct2.vocab == VOCAB
+    out = ct2.translate_tokens([_tokens(s) for s in _sources(0, n=3)], beam_size=1,
+                               max_length_a=0.0, max_length_b=MAX_LEN)
+    assert [h[0].text for h in out] == [" ".join(h[0].tokens) for h in out]

@@ -42,11 +42,15 @@ Layout details that matter:
   row, so the sub-layer computes ``f(x)`` and CTranslate2's ``w * x + f(x)`` is our LayerNorm
   input.  This changes no LayerNorm epsilon; the result differs from ours only by float32
   rounding.  A residual weight of exactly 0 cannot be divided out and is refused.
-* Vocabulary.  Source and target share the run's ``vocab.txt`` (written as
+* Vocabulary.  Source and target share the run's tokens in the run's id order (written as
   ``shared_vocabulary.json``); the reserved tokens keep their ids (``<pad>`` 0, ``<s>`` 1,
   ``</s>`` 2, ``[UNK]`` 3: :mod:`deep_nmt_tf.constants`) and the config names them:
   ``unk_token: [UNK]``, ``bos_token``/``decoder_start_token: <s>``, ``eos_token: </s>``,
-  ``add_source_eos: true`` (our encoder input is the tokens then ``</s>``).
+  ``add_source_eos: true`` (our encoder input is the tokens then ``</s>``).  A WordPiece run's
+  tokens are its ``vocab.txt``; a SentencePiece run's (``data.tokenizer.type:
+  sentencepiece``) are the reserved tokens, then the ``.model`` file's other pieces through
+  the package's id map (:class:`~deep_nmt_tf.data.spm.SentencePieceModel`: ``pieces``), so
+  the ids CTranslate2 sees are the ids our model was trained on.
 
 What is refused, with a :class:`UnsupportedModelError` naming the feature and why: RNMT+
 encoders or decoders, the hybrid encoders (``cascaded``, ``multi_column``) and any other
@@ -54,10 +58,14 @@ non-Transformer type, transparent attention, DLCL and lexical shortcuts (CTransl
 read only the previous layer's output and its attention has no gates).
 
 CTranslate2 takes tokens, not text: see :mod:`deep_nmt_tf.export.ctranslate2_translator` and
-``docs/SERVING.md``.  The converter also copies ``vocab.txt`` and the resolved ``config.yaml``
-into the model directory and writes ``deep_nmt.json`` (tokenizer and decoding settings), so
-that :class:`~deep_nmt_tf.export.ctranslate2_translator.CTranslate2Translator` can tokenise
-and detokenise exactly as the run does.
+``docs/SERVING.md``.  The converter also writes the tokens as ``vocab.txt`` (a WordPiece run's
+file copied; a SentencePiece run's pieces in our id order, one a line, for reading), copies a
+SentencePiece run's model as ``sentencepiece.model`` and the resolved ``config.yaml`` into the
+model directory, and writes ``deep_nmt.json``: the tokenizer (``kind`` ``wordpiece`` or
+``sentencepiece``, its ``file`` in the directory and that file's ``sha256``, ``lowercase``) and
+the decoding settings, so that
+:class:`~deep_nmt_tf.export.ctranslate2_translator.CTranslate2Translator` can tokenise and
+detokenise exactly as the run does.
 """
 
 from __future__ import annotations
@@ -75,10 +83,17 @@ from deep_nmt_tf.constants import BOS_TOKEN, EOS_TOKEN, UNK_TOKEN
 
 __all__ = ["UnsupportedModelError", "require_ctranslate2", "unsupported_features",
            "check_convertible", "build_spec", "convert_model", "export_model_dir",
-           "default_max_positions", "METADATA_FILE", "MIN_POSITIONS"]
+           "default_max_positions", "read_tokens", "METADATA_FILE", "MIN_POSITIONS",
+           "SENTENCEPIECE_FILE", "TOKENIZER_KINDS", "VOCAB_FILE"]
 
 #: The converter's record of the tokenizer and decoding settings in the model directory.
 METADATA_FILE = "deep_nmt.json"
+#: The tokens, one a line, in the model directory (a WordPiece run's tokenizer file).
+VOCAB_FILE = "vocab.txt"
+#: A SentencePiece run's model file in the model directory.
+SENTENCEPIECE_FILE = "sentencepiece.model"
+#: The tokenizers a converted run may have (``data.tokenizer.type``).
+TOKENIZER_KINDS = ("wordpiece", "sentencepiece")
 #: The position table covers at least this many positions.
 MIN_POSITIONS = 1024
 
@@ -328,15 +343,60 @@ def build_spec(model, vocab: Sequence[str], max_positions: int = MIN_POSITIONS):
 # ---------------------------------------------------------------------------------------------
 
 
-def _metadata(config, vocab_path: str, max_positions: int) -> Dict:
+def _tokenizer_kind(config, tokenizer: Optional[str]) -> str:
+    kind = tokenizer or (config.data.tokenizer.type if config is not None else "wordpiece")
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"unknown tokenizer kind {kind!r} (known: {', '.join(TOKENIZER_KINDS)})")
+    return kind
+
+
+def read_tokens(path: str, kind: str = "wordpiece") -> List[str]:
+    """The tokens of a run's tokenizer file in the run's id order (token ``i`` has id ``i``).
+
+    Args:
+      path: a WordPiece ``vocab.txt`` or a SentencePiece ``.model`` file.
+      kind: ``wordpiece`` or ``sentencepiece`` (``data.tokenizer.type``).
+
+    Returns:
+      WordPiece: the file's lines; SentencePiece: the reserved tokens, then the model's other
+      pieces (:attr:`deep_nmt_tf.data.spm.SentencePieceModel.pieces`).
+
+    Raises:
+      DataError: an invalid file (naming it), or a SentencePiece model with a piece that
+        repeats another token (CTranslate2 looks tokens up by their string).
+      ValueError: an unknown ``kind``.
+    """
+    from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.data.vocab import load_vocab
+
+    kind = _tokenizer_kind(None, kind)
+    if kind == "wordpiece":
+        return load_vocab(path)
+    from deep_nmt_tf.data.spm import SentencePieceModel
+
+    pieces = SentencePieceModel(path).pieces
+    first: Dict[str, int] = {}
+    for i, piece in enumerate(pieces):
+        if piece in first:
+            raise DataError(f"{path}: the piece {piece!r} (our id {i}) repeats the token of id "
+                            f"{first[piece]}; CTranslate2 needs distinct tokens")
+        first[piece] = i
+    return pieces
+
+
+def _metadata(config, kind: str, directory: str, max_positions: int) -> Dict:
     from deep_nmt_tf.run_dir import file_sha256
 
+    def written(name):
+        return {"file": name, "sha256": file_sha256(os.path.join(directory, name))}
+
+    tokenizer = written(SENTENCEPIECE_FILE if kind == "sentencepiece" else VOCAB_FILE)
+    tokenizer.update(kind=kind, lowercase=bool(config is not None and config.data.lowercase))
     record = {"format": "deep_nmt_tf ctranslate2", "version": 1,
-              "max_positions": int(max_positions),
-              "vocab": {"file": "vocab.txt", "sha256": file_sha256(vocab_path)}}
+              "max_positions": int(max_positions), "vocab": written(VOCAB_FILE),
+              "tokenizer": tokenizer}
     if config is not None:
         d = config.decoding
-        record["tokenizer"] = {"kind": "wordpiece", "lowercase": bool(config.data.lowercase)}
         record["decoding"] = {"beam_size": d.beam_size, "length_penalty": d.length_penalty,
                               "max_length_a": d.max_length_a, "max_length_b": d.max_length_b,
                               "n_best": d.n_best, "max_input_length": d.max_input_length,
@@ -346,16 +406,21 @@ def _metadata(config, vocab_path: str, max_positions: int) -> Dict:
 
 def convert_model(model, vocab_path: str, output_dir: str, config=None,
                   quantization: Optional[str] = None, max_positions: Optional[int] = None,
-                  overwrite: bool = False) -> str:
+                  overwrite: bool = False, tokenizer: Optional[str] = None) -> str:
     """Converts a built ``model`` into the CTranslate2 model directory ``output_dir``.
 
     Args:
       model: a built :class:`~deep_nmt_tf.models.Seq2SeqModel` with its trained weights.
-      vocab_path: the run's vocabulary file (copied as ``vocab.txt``).
+      vocab_path: the run's tokenizer file: a WordPiece vocabulary (copied as ``vocab.txt``)
+        or a SentencePiece model (copied as ``sentencepiece.model``; its pieces written as
+        ``vocab.txt``).
       output_dir: the directory to write (``model.bin``, ``config.json``,
-        ``shared_vocabulary.json``, ``vocab.txt``, ``deep_nmt.json``, ``config.yaml``).
+        ``shared_vocabulary.json``, ``vocab.txt``, ``deep_nmt.json``, ``config.yaml``, and
+        ``sentencepiece.model`` for a SentencePiece run).
       config: the run's :class:`~deep_nmt_tf.config.Config` (tokenizer and decoding settings
         for ``deep_nmt.json``, ``config.yaml``, the default ``max_positions``); optional.
+      tokenizer: ``wordpiece`` or ``sentencepiece``: the kind of ``vocab_path`` (default: the
+        config's ``data.tokenizer.type``; without a config, ``wordpiece``).
       quantization: CTranslate2's weight type on disk (``int8``, ``int8_float16``,
         ``float16``, ...; None: float32).  A float32 model can also be quantized when it is
         loaded (``ctranslate2.Translator(path, compute_type="int8")``).
@@ -366,19 +431,20 @@ def convert_model(model, vocab_path: str, output_dir: str, config=None,
       ``output_dir``.
 
     Raises:
-      UnsupportedModelError, ValueError: see :func:`build_spec`.
+      UnsupportedModelError, ValueError: see :func:`build_spec`; an unknown ``tokenizer``.
+      DataError: an invalid tokenizer file (:func:`read_tokens`).
       FileExistsError: ``output_dir`` exists and ``overwrite`` is False.
       ImportError: ctranslate2 is not installed (naming the pip command).
     """
     ctranslate2 = require_ctranslate2()
     from deep_nmt_tf.config import save_config
-    from deep_nmt_tf.data.vocab import load_vocab
 
     if os.path.exists(output_dir) and not overwrite:
         raise FileExistsError(f"{output_dir} exists (pass overwrite=True / --overwrite)")
     if max_positions is None:
         max_positions = default_max_positions(config)
-    vocab = load_vocab(vocab_path)
+    kind = _tokenizer_kind(config, tokenizer)
+    vocab = read_tokens(vocab_path, kind)
     spec = build_spec(model, vocab, max_positions)
 
     class _Converter(ctranslate2.converters.Converter):
@@ -391,11 +457,16 @@ def convert_model(model, vocab_path: str, output_dir: str, config=None,
     try:  # Written beside the target and renamed into place: never half a model directory.
         path = os.path.join(tmp, "model")
         _Converter().convert(path, quantization=quantization)
-        shutil.copyfile(vocab_path, os.path.join(path, "vocab.txt"))
+        if kind == "sentencepiece":
+            shutil.copyfile(vocab_path, os.path.join(path, SENTENCEPIECE_FILE))
+            with open(os.path.join(path, VOCAB_FILE), "w", encoding="utf-8") as f:
+                f.writelines(f"{token}\n" for token in vocab)
+        else:
+            shutil.copyfile(vocab_path, os.path.join(path, VOCAB_FILE))
         if config is not None:
             save_config(config, os.path.join(path, "config.yaml"))
         with open(os.path.join(path, METADATA_FILE), "w", encoding="utf-8") as f:
-            json.dump(_metadata(config, vocab_path, max_positions), f, indent=2, sort_keys=True)
+            json.dump(_metadata(config, kind, path, max_positions), f, indent=2, sort_keys=True)
             f.write("\n")
         if os.path.exists(output_dir):
             shutil.rmtree(output_dir)
@@ -409,7 +480,10 @@ def export_model_dir(model_dir: str, output_dir: Optional[str] = None,
                      checkpoint: Optional[str] = None, overrides: Sequence[str] = (),
                      quantization: Optional[str] = None, max_positions: Optional[int] = None,
                      overwrite: bool = False) -> str:
-    """Converts a run directory's model (config, vocabulary, checkpoint) to CTranslate2.
+    """Converts a run directory's model (config, tokenizer file, checkpoint) to CTranslate2.
+
+    The tokenizer file is :meth:`~deep_nmt_tf.run_dir.RunDir.vocab_path`: a WordPiece run's
+    ``vocab.txt`` or a SentencePiece run's ``.model`` (``data.tokenizer.type``).
 
     Args:
       model_dir: trainer (or average_checkpoints) output directory.

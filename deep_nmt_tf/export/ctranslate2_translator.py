@@ -1,13 +1,17 @@
 """Text in, text out with a converted CTranslate2 model and the run's own tokenizer.
 
 CTranslate2 translates *tokens*: lists of the vocabulary's strings (``"Hel"``, ``"##lo"``,
-``","``), never text.  A model written by :mod:`deep_nmt_tf.export.ctranslate2` carries the
-run's ``vocab.txt`` and ``deep_nmt.json`` (lower-casing, decoding settings), so
-:class:`CTranslate2Translator` tokenises exactly as training did (the in-graph
-:class:`~deep_nmt_tf.data.vocab.Tokenizer`: pre-tokenisation, then WordPiece), maps ids to
-token strings, lets CTranslate2 search, and detokenises with the plain-Python
-:class:`~deep_nmt_tf.data.token_ids.Detokenizer` (``##`` pieces glued, punctuation
-re-attached).  By hand, the same is::
+``","``; ``"\u2581Hel"``, ``"lo"`` for SentencePiece), never text.  A model written by
+:mod:`deep_nmt_tf.export.ctranslate2` carries the run's tokenizer file and ``deep_nmt.json``
+(the tokenizer's ``kind``, ``file``, ``sha256`` and ``lowercase``, the decoding settings;
+a directory whose record names no kind is WordPiece), so :class:`CTranslate2Translator`
+tokenises exactly as training did, maps ids to token strings, lets CTranslate2 search, and
+detokenises:
+
+* WordPiece (``vocab.txt``): the in-graph :class:`~deep_nmt_tf.data.vocab.Tokenizer`
+  (pre-tokenisation, then WordPiece; TensorFlow), and the plain-Python
+  :class:`~deep_nmt_tf.data.token_ids.Detokenizer` back (``##`` pieces glued, punctuation
+  re-attached).  By hand, the same is::
 
     import ctranslate2, tensorflow as tf
     from deep_nmt_tf.data.vocab import Tokenizer, load_vocab
@@ -19,6 +23,22 @@ re-attached).  By hand, the same is::
     out = ctranslate2.Translator("ct2_model").translate_batch(
         tokens, beam_size=1, min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
     Detokenizer(vocab)([vocab.index(t) for t in out[0].hypotheses[0]])
+
+* SentencePiece (``sentencepiece.model``): the ``sentencepiece`` package in plain Python, no
+  TensorFlow (:class:`~deep_nmt_tf.data.spm.SentencePieceModel`, the same model and id map as
+  the in-graph :class:`~deep_nmt_tf.data.tokenizers.SentencePieceTokenizer`): the text
+  (lower-cased when ``lowercase`` is recorded) becomes pieces, a piece the model does not know
+  becomes ``[UNK]``, and the output pieces are decoded by the model.  By hand::
+
+    import ctranslate2, sentencepiece
+    sp = sentencepiece.SentencePieceProcessor(model_file="ct2_model/sentencepiece.model")
+    unk = sp.id_to_piece(sp.unk_id())                          # [UNK] for a model learned here
+    pieces = sp.encode(["Hello, world."], out_type=str)       # text.lower() if lowercase
+    tokens = [["[UNK]" if sp.piece_to_id(p) == sp.unk_id() else p for p in row]
+              for row in pieces]                              # no </s>: the model adds it
+    out = ctranslate2.Translator("ct2_model").translate_batch(
+        tokens, beam_size=1, min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
+    sp.decode_pieces([unk if t == "[UNK]" else t for t in out[0].hypotheses[0]])
 
 Source preparation and length limits follow :class:`~deep_nmt_tf.inference.Translator`:
 ``<pad>``/``<s>``/``</s>`` tokens are dropped, a source keeps at most
@@ -44,7 +64,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from deep_nmt_tf.config.rules import check_search_options
 from deep_nmt_tf.constants import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, UNK_ID, UNK_TOKEN
-from deep_nmt_tf.export.ctranslate2 import METADATA_FILE, require_ctranslate2
+from deep_nmt_tf.export.ctranslate2 import (METADATA_FILE, SENTENCEPIECE_FILE, TOKENIZER_KINDS,
+                                            VOCAB_FILE, require_ctranslate2)
 
 __all__ = ["CTranslate2Translator", "CT2Hypothesis"]
 
@@ -72,8 +93,14 @@ class CTranslate2Translator:
       inter_threads, intra_threads: CTranslate2's parallel translations and threads per
         translation (0: its default).
       tokenizer: an object with the :class:`~deep_nmt_tf.data.vocab.Tokenizer` interface
-        (``tokenize(tf string tensor) -> ragged ids``); default: built from the model
-        directory's ``vocab.txt`` and lower-casing setting.
+        (``tokenize(tf string tensor) -> ragged ids``); default: the model directory's
+        tokenizer (module docstring) with its lower-casing setting.
+
+    Raises:
+      FileNotFoundError: no ``deep_nmt.json`` in ``model_dir``.
+      ValueError: an unknown tokenizer kind, or a tokenizer file whose sha256 is not the one
+        ``deep_nmt.json`` records (naming both).
+      DataError: an invalid tokenizer file.
 
     Example:
       >>> t = CTranslate2Translator("runs/demo/ctranslate2")       # doctest: +SKIP
@@ -83,8 +110,6 @@ class CTranslate2Translator:
     def __init__(self, model_dir: str, device: str = "cpu", compute_type: str = "default",
                  inter_threads: int = 1, intra_threads: int = 0, tokenizer=None):
         ctranslate2 = require_ctranslate2()
-        from deep_nmt_tf.data.token_ids import Detokenizer
-        from deep_nmt_tf.data.vocab import load_vocab
 
         meta_path = os.path.join(model_dir, METADATA_FILE)
         if not os.path.exists(meta_path):
@@ -92,35 +117,74 @@ class CTranslate2Translator:
                                     "by deep-nmt-export --format=ctranslate2")
         with open(meta_path, encoding="utf-8") as f:
             self.metadata: Dict = json.load(f)
-        self.vocab = load_vocab(os.path.join(model_dir, "vocab.txt"))
+        record = self.metadata.get("tokenizer") or {}
+        #: ``wordpiece`` or ``sentencepiece`` (a record without a kind: ``wordpiece``).
+        self.kind = record.get("kind") or "wordpiece"
+        self.lowercase = bool(record.get("lowercase", False))
+        self._sentencepiece = None
+        self._load_tokenizer(model_dir, meta_path, record)
         self._ids = {token: i for i, token in enumerate(self.vocab)}
         self.decoding = dict(_DEFAULT_DECODING, **self.metadata.get("decoding", {}))
-        self.lowercase = bool(self.metadata.get("tokenizer", {}).get("lowercase", False))
         self.max_positions = int(self.metadata.get("max_positions", 0)) or None
         self._tokenizer = tokenizer
-        self._detokenizer = Detokenizer(self.vocab)
         self.translator = ctranslate2.Translator(model_dir, device=device,
                                                  compute_type=compute_type,
                                                  inter_threads=inter_threads,
                                                  intra_threads=intra_threads)
+
+    def _load_tokenizer(self, model_dir: str, meta_path: str, record: Dict) -> None:
+        """Sets ``vocab`` (the tokens by id) and the detokenizer of the recorded tokenizer."""
+        from deep_nmt_tf.data.spm import SentencePieceModel
+        from deep_nmt_tf.data.token_ids import Detokenizer
+        from deep_nmt_tf.data.vocab import load_vocab
+        from deep_nmt_tf.run_dir import file_sha256
+
+        if self.kind not in TOKENIZER_KINDS:
+            raise ValueError(f"{meta_path}: tokenizer.kind {self.kind!r} is unknown (known: "
+                             f"{', '.join(TOKENIZER_KINDS)})")
+        default = SENTENCEPIECE_FILE if self.kind == "sentencepiece" else VOCAB_FILE
+        path = os.path.join(model_dir, record.get("file") or default)
+        if record.get("sha256") and os.path.exists(path) \
+                and file_sha256(path) != record["sha256"]:
+            raise ValueError(f"{path} (sha256 {file_sha256(path)[:12]}...) is not the "
+                             f"{self.kind} file the model was converted with (sha256 "
+                             f"{record['sha256'][:12]}..., recorded in {meta_path})")
+        if self.kind == "sentencepiece":
+            self._sentencepiece = SentencePieceModel(path, self.lowercase)
+            self.vocab = self._sentencepiece.pieces
+            self._detokenizer = self._sentencepiece.decode
+        else:
+            self.vocab = load_vocab(path)
+            self._detokenizer = Detokenizer(self.vocab)
 
     # -- tokens <-> text ------------------------------------------------------------------------
     @property
     def tokenizer(self):
         """The run's in-graph tokenizer (built on first use; imports TensorFlow)."""
         if self._tokenizer is None:
-            from deep_nmt_tf.data.vocab import Tokenizer
+            if self._sentencepiece is not None:
+                from deep_nmt_tf.data.tokenizers import SentencePieceTokenizer
 
-            self._tokenizer = Tokenizer(self.vocab, lowercase=self.lowercase)
+                self._tokenizer = SentencePieceTokenizer(self._sentencepiece.path,
+                                                         lowercase=self.lowercase)
+            else:
+                from deep_nmt_tf.data.vocab import Tokenizer
+
+                self._tokenizer = Tokenizer(self.vocab, lowercase=self.lowercase)
         return self._tokenizer
 
     def tokenize(self, texts: Sequence[str]) -> List[List[str]]:
-        """Texts -> the vocabulary's token strings (no ``</s>``)."""
-        import tensorflow as tf
-
+        """Texts -> the vocabulary's token strings (no ``</s>``).  SentencePiece runs (without
+        a ``tokenizer`` given) tokenise in plain Python, without TensorFlow: the model's ids
+        mapped to ours, so an unknown piece is ``[UNK]``."""
         if not texts:
             return []
-        ids = self.tokenizer.tokenize(tf.constant(list(texts))).to_list()
+        if self._sentencepiece is not None and self._tokenizer is None:
+            ids = self._sentencepiece.encode(list(texts))
+        else:
+            import tensorflow as tf
+
+            ids = self.tokenizer.tokenize(tf.constant(list(texts))).to_list()
         return [[self.vocab[i] for i in row] for row in ids]
 
     def detokenize(self, tokens: Sequence[str]) -> str:
