@@ -1,7 +1,29 @@
 """Shared checks for Keras layers (keras-hub's test-case habit): config round trip, weights."""
 
+import os
+
 import numpy as np
 import keras
+
+#: The JAX re-run of ``tests/test_jax_backend.py`` (``tests/conftest.py``).  JAX compiles each
+#: eager op (and each ``keras.ops.scan``, every call) on its first use, so a test may build a
+#: smaller model under it (fewer layers, shorter inputs) and assert the same things.
+JAX_RERUN = os.environ.get("DEEP_NMT_JAX_RERUN") == "1"
+
+#: XLA options under which XLA's CPU compiler is 2-3x faster on the tests' small programs
+#: (LLVM's optimisation passes off, the older CPU emitters): the same computations, slower
+#: machine code.  XLA reads ``XLA_FLAGS`` once per process: for subprocesses
+#: (:func:`fast_xla_compile_env`).
+FAST_XLA_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 "
+                          "--xla_llvm_disable_expensive_passes=true "
+                          "--xla_cpu_use_fusion_emitters=false")
+
+
+def fast_xla_compile_env():
+    """``{"XLA_FLAGS": ...}`` for a subprocess: this process's XLA flags and
+    :data:`FAST_XLA_COMPILE_FLAGS`."""
+    return {"XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                                FAST_XLA_COMPILE_FLAGS]))}
 
 
 def assert_config_roundtrip(layer, call_fn, atol=1e-6):

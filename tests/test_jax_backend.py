@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from keras_test_utils import fast_xla_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PURE_PACKAGES = ("deep_nmt_tf/layers", "deep_nmt_tf/models", "deep_nmt_tf/decoding")
 
@@ -52,15 +54,18 @@ def test_layer_and_model_tests_pass_on_jax():
     pytest.importorskip("jax")
     files = _pure_keras_test_files()
     assert files, "no tests/test_layers_*.py or tests/test_models_*.py found"
-    # DEEP_NMT_JAX_RERUN: the first case of each parametrized test (tests/conftest.py).
-    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", DEEP_NMT_JAX_RERUN="1")
+    # DEEP_NMT_JAX_RERUN: the first case of each parametrized test (tests/conftest.py), some
+    # on smaller models (keras_test_utils.JAX_RERUN).  Eager JAX compiles each op on its first
+    # use: most of the run is XLA compiling small programs, which FAST_XLA_COMPILE_FLAGS
+    # makes about twice as fast.
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", DEEP_NMT_JAX_RERUN="1",
+               **fast_xla_compile_env())
     proc = subprocess.run(
         # -n 0: one process (the outer run's other worker keeps the second core busy).
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-n", "0",
          *files,
          "-k", "not tensorflow_only",
-         # The slow ones are the paper-size parameter counts: the same arithmetic on every
-         # backend, run once under TensorFlow; skipping them here saves about a minute.
+         # A test marked slow there (none at present) would run on TensorFlow only.
          "-m", "not slow"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     tail = (proc.stdout + proc.stderr)[-6000:]

@@ -436,17 +436,20 @@ def test_search_compiles_with_jax_jit():
     assert (_np(greedy["lengths"]) <= [[3], [2]]).all()
 
 
-def _teacher_forced_next_logits(model, source_row):
+def _teacher_forced_next_logits(model, source_row, width):
     """``next_logits(prefix)`` of :func:`reference_beam` from the model's teacher-forced
-    (full-recomputation) logits: no cache, no incremental step."""
+    (full-recomputation) logits: no cache, no incremental step.  The prefix is right-padded
+    to ``width`` (the decoder is causal: padding after the last position changes none of its
+    logits), so every call has one shape (JAX compiles each new shape's ops anew)."""
     memo = {}
 
     def next_logits(prefix):
         key = tuple(prefix)
         if key not in memo:
-            logits = model({"source_ids": source_row[None],
-                            "target_input_ids": np.array([prefix], "int32")})
-            memo[key] = _np(logits)[0, -1]
+            target = np.full((1, width), PAD_ID, "int32")
+            target[0, :len(prefix)] = prefix
+            logits = model({"source_ids": source_row[None], "target_input_ids": target})
+            memo[key] = _np(logits)[0, len(prefix) - 1]
         return memo[key]
 
     return next_logits
@@ -471,8 +474,8 @@ def test_transformer_search_ids_equal_a_reference_search_on_teacher_forced_logit
     max_length = ids.shape[-1]
     generated = 0
     for i, n in enumerate([4, 2, 0]):
-        ref = reference_beam(_teacher_forced_next_logits(model, src[i]), beam_size, alpha,
-                             math.floor(a * n + b), max_length)
+        ref = reference_beam(_teacher_forced_next_logits(model, src[i], max_length),
+                             beam_size, alpha, math.floor(a * n + b), max_length)
         for k, (toks, _, score) in enumerate(ref):
             assert ids[i, k, :lengths[i, k]].tolist() == toks, (i, k)
             np.testing.assert_allclose(scores[i, k], score, rtol=1e-4, atol=1e-4)

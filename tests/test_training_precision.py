@@ -3,6 +3,8 @@ under any precision, float16 loss scaling with skipped overflow steps, and every
 training step compiled by XLA in bfloat16.  (MirroredStrategy: tests/test_training_distributed.py.)
 """
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,7 +14,9 @@ from deep_nmt_tf.config import ConfigError
 from deep_nmt_tf.models import build_model
 from config_trees import architecture, constant, merge
 from deep_nmt_tf.training import Runner
-from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config, weights
+from keras_test_utils import fast_xla_compile_env
+from test_training_helpers import (NO_DROPOUT, make_batches, make_trainer_class, run_python,
+                                   tiny_config, weights)
 
 
 def _runner(tmp_path, model=None, **training):
@@ -99,7 +103,8 @@ def test_float16_overflow_step_is_skipped_and_counted(tmp_path):
 
 
 def test_float16_gradients_match_float32(tmp_path):
-    """Loss scaling is transparent: the first update's gradient norm is float32's."""
+    """Loss scaling is transparent: the first update's gradient norm is float32's.  (The steps
+    run eagerly, untraced: the traced float16 step is test_float16_overflow_step_...'s.)"""
     norms = {}
     for precision in ("float32", "mixed_float16"):
         runner = _runner(tmp_path / precision, NO_DROPOUT, train_steps=1, seed=3,
@@ -107,7 +112,13 @@ def test_float16_gradients_match_float32(tmp_path):
         trainer = runner.trainer
         if trainer.loss_scaling is not None:  # 2^15 overflows this model's first step
             trainer.loss_scaling.optimizer.dynamic_scale.assign(2.0 ** 8)
-        norms[precision] = float(trainer.train_step(runner.make_train_iterator())["grad_norm"])
+        iterator = runner.make_train_iterator()  # tf.data functions are traced anyway
+        tf.config.run_functions_eagerly(True)
+        try:
+            out = trainer.train_step(iterator)
+        finally:
+            tf.config.run_functions_eagerly(False)
+        norms[precision] = float(out["grad_norm"])
     np.testing.assert_allclose(norms["mixed_float16"], norms["float32"], rtol=2e-2)
 
 
@@ -126,21 +137,60 @@ ARCHITECTURES = {name: merge({"tie_source_target_embeddings": False},
                  for name in ("transformer", "cascaded")}
 
 
+def xla_step_results(model_dir):
+    """For each of :data:`ARCHITECTURES`: one training step in mixed_bfloat16 run eagerly
+    (``tf.config.run_functions_eagerly``: nothing traced or compiled) and one compiled with
+    XLA (jit_compile), from the same initial weights (no dropout); returns
+    ``{architecture: {"plain": outputs, "xla": outputs, "differ": fraction}}`` (``outputs``:
+    ``loss_sum``, ``grad_norm``, ``skipped``; ``differ``: the fraction of weight entries whose
+    updates differ by over 1e-4).  Run in a subprocess with fast XLA compilation."""
+    import pathlib
+
+    out = {}
+    for name in sorted(ARCHITECTURES):
+        model = merge(NO_DROPOUT, ARCHITECTURES[name])
+        results = {}
+        for jit in (False, True):
+            runner = _runner(pathlib.Path(model_dir) / f"{name}_{jit}", model, train_steps=1,
+                             jit_compile=jit, precision="mixed_bfloat16", seed=5)
+            trainer = runner.trainer
+            iterator = runner.make_train_iterator()  # tf.data functions are traced anyway
+            tf.config.run_functions_eagerly(not jit)
+            try:
+                step = trainer.train_step(iterator)
+            finally:
+                tf.config.run_functions_eagerly(False)
+            results[jit] = ({k: float(step[k]) for k in ("loss_sum", "grad_norm", "skipped")},
+                            weights(trainer))
+        (plain, w_plain), (xla, w_xla) = results[False], results[True]
+        flat = [np.abs(a - b).ravel() for a, b in zip(w_plain, w_xla)]
+        out[name] = {"plain": plain, "xla": xla,
+                     "differ": float((np.concatenate(flat) > 1e-4).mean())}
+    return out
+
+
+@pytest.fixture(scope="module")
+def xla_steps(tmp_path_factory):
+    """:func:`xla_step_results` in a fresh process whose XLA compiles with
+    FAST_XLA_COMPILE_FLAGS (XLA reads them once per process): the cascade's compilation takes
+    a third of the time (otherwise 40 s of CPU, 1-2 minutes of a loaded CI machine); the
+    programs compiled are the same."""
+    model_dir = str(tmp_path_factory.mktemp("xla"))
+    code = ("import json, test_training_precision as t\n"
+            f"print('RESULT ' + json.dumps(t.xla_step_results({model_dir!r})))")
+    proc = run_python(code, env=fast_xla_compile_env())
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(proc.stdout.split("RESULT ", 1)[1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
-def test_architectures_train_under_xla_in_bfloat16(architecture, tmp_path):
+def test_architectures_train_under_xla_in_bfloat16(architecture, xla_steps):
     """One training step compiled with XLA (jit_compile) in mixed_bfloat16 gives the loss and
-    the update of the uncompiled step (no dropout, same initial weights)."""
-    model = merge(NO_DROPOUT, ARCHITECTURES[architecture])
-    results = {}
-    for jit in (False, True):
-        runner = _runner(tmp_path / str(jit), model, train_steps=1, jit_compile=jit,
-                         precision="mixed_bfloat16", seed=5)
-        trainer = runner.trainer
-        out = trainer.train_step(runner.make_train_iterator())
-        results[jit] = ({k: float(out[k]) for k in ("loss_sum", "grad_norm", "skipped")},
-                        weights(trainer))
-    (plain, w_plain), (xla, w_xla) = results[False], results[True]
+    the update of the uncompiled step, run eagerly (no dropout, same initial weights).  (The
+    step traced without XLA is every other training test's.)"""
+    result = xla_steps[architecture]
+    plain, xla = result["plain"], result["xla"]
     assert plain["skipped"] == xla["skipped"] == 0.0
     np.testing.assert_allclose(xla["loss_sum"], plain["loss_sum"], rtol=1e-2)
     np.testing.assert_allclose(xla["grad_norm"], plain["grad_norm"], rtol=5e-2)
@@ -149,9 +199,7 @@ def test_architectures_train_under_xla_in_bfloat16(architecture, tmp_path):
     # How many depends on the model and the CPU's kernels (2.3% of the cascade's entries on
     # CI's CPU, under 1% elsewhere); a wrong compiled step (another gradient, a missed update)
     # changes about half of them.
-    flat = [np.abs(a - b).ravel() for a, b in zip(w_plain, w_xla)]
-    differ = np.concatenate(flat) > 1e-4
-    assert differ.mean() < 0.05, differ.mean()
+    assert result["differ"] < 0.05, result["differ"]
 
 
 @pytest.mark.parametrize("norm,normalize_embedding", [("pre", False), ("pre", True),

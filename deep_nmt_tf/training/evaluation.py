@@ -58,9 +58,11 @@ class Evaluator:
         self.trainer = trainer
         self._sums_fn = tf.function(
             lambda batch: trainer.compute_loss(batch, training=False), reduce_retracing=True)
+        # autograph=False, as the translator's: the search is keras.ops loops (nothing to
+        # convert), and converting its modules took about 8 s of the first evaluation.
         self._greedy_fn = tf.function(
             lambda source_ids: greedy_ids(trainer.model, source_ids, trainer.config.decoding),
-            input_signature=[tf.TensorSpec([None, None], tf.int32)])
+            input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
 
     def has_dev_set(self) -> bool:
         """Whether the trainer has dev batches (``data.dev_source``/``dev_target``)."""
