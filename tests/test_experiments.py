@@ -40,6 +40,43 @@ def _corpus(directory, sizes=(("train", 400), ("valid", 12), ("test2016", 10))):
     return str(directory)
 
 
+def _without_xla(monkeypatch):
+    """Translators of this process built without XLA: the compiled search has its own tests
+    (test_export_saved_model.py), and its compile, per shape and per translator, costs more
+    than the tiny runs here take to train."""
+    from deep_nmt_tf.inference import translator as translator_lib
+
+    real = translator_lib.Translator.from_model_dir.__func__
+    monkeypatch.setattr(translator_lib.Translator, "from_model_dir", classmethod(
+        lambda cls, *args, **kwargs: real(cls, *args, **dict(kwargs, jit_compile=False))))
+
+
+def _experiment_here(args):
+    """deep-nmt-experiment's ``main`` in this process (its flags parsed as on the command line);
+    returns its log lines."""
+    import logging
+
+    from absl import flags
+
+    from deep_nmt_tf.tools import experiment as tool
+
+    flags.FLAGS.unparse_flags()
+    argv = flags.FLAGS(["experiment", *args])
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        tool.main(argv)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return messages
+
+
 def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
@@ -191,9 +228,13 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
         run_suite(suite, str(tmp_path), str(tmp_path / "out"), overrides=["training.seed = 3"])
 
 
-def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
+def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path, monkeypatch):
+    """The tool's main in this process, except the second call (nothing left to do), which is
+    the installed command in a process of its own; the beam search without XLA here
+    (:func:`_without_xla`)."""
     from test_training_helpers import run_tool
 
+    _without_xla(monkeypatch)
     data = _corpus(tmp_path / "data")
     out = str(tmp_path / "out")
     # The suite with its grid fixed: the grid's extension at its edge has its own tests (a
@@ -208,8 +249,7 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
             f"--extra_test=again={data}/test2016.en:{data}/test2016.de"] + [
         f"--override={o}" for o in TINY + [
             "training.checkpoint_every=20", "training.grad_norm_ratio_every=20"]]
-    proc = run_tool("experiment", *args, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _experiment_here(args)
     results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
     entry = results["baseline"]
     assert set(entry) == {"test2016", "again", *RESERVED_KEYS}
@@ -229,7 +269,8 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     assert len(open(os.path.join(run_dir, "test2016.hyp"), encoding="utf-8").readlines()) == 10
     assert "| baseline |" in open(os.path.join(out, "results.md"), encoding="utf-8").read()
     assert any(f.endswith(".png") for f in os.listdir(os.path.join(out, "figures")))
-    # Run again: every stage is done, nothing is trained or decoded again.
+    # Run again, as the installed command: every stage is done, nothing is trained or decoded
+    # again.
     before = os.path.getmtime(os.path.join(run_dir, "test2016.hyp"))
     proc = run_tool("experiment", *args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -241,10 +282,9 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     grown.write_text(suite.read_text(encoding="utf-8").replace(
         "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4]",
         "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4, 1.6]"), encoding="utf-8")
-    proc = run_tool("experiment", *[f"--suite={grown}"] + args[1:], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "at length penalty 1.6" in proc.stderr
-    assert "at length penalty 1.4" not in proc.stderr
+    messages = "\n".join(_experiment_here([f"--suite={grown}"] + args[1:]))
+    assert "at length penalty 1.6" in messages
+    assert "at length penalty 1.4" not in messages
     decoding = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))[
         "baseline"]["decoding"]
     assert decoding["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4, 1.6)
@@ -252,9 +292,8 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path):
     # average names the old paths) and the same average decodes to the same scores.
     moved = str(tmp_path / "moved")
     os.rename(out, moved)
-    proc = run_tool("experiment", *[a.replace(out, moved) for a in args], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "training from update" not in proc.stderr
+    messages = "\n".join(_experiment_here([a.replace(out, moved) for a in args]))
+    assert "training from update" not in messages
     entry_moved = json.load(open(os.path.join(moved, "results.json"), encoding="utf-8"))[
         "baseline"]
     assert entry_moved["test2016"] == entry["test2016"]
@@ -376,12 +415,14 @@ def test_a_training_time_budget_stops_a_run_where_its_clock_runs_out(tmp_path, m
             return float(next(ticks))
 
     monkeypatch.setattr(experiments.stages, "time", Clock)  # where the stages read the clock
+    _without_xla(monkeypatch)
     data = _corpus(tmp_path / "data", sizes=(("train", 200), ("valid", 6), ("test2016", 5)))
     out = str(tmp_path / "out")
     # One length penalty, no extension: the budget is the subject here, and each penalty tried
-    # is a dev decoding per call (the grid has its own tests).
+    # is a dev decoding per call (the grid has its own tests).  No layer probe among the figures
+    # (each call would probe the averaged model again; the short run above draws it).
     suite = dataclasses.replace(load_suite(find_suite(SUITE)), length_penalties=(0.6,),
-                                length_penalty_extension=0)
+                                length_penalty_extension=0, probe_runs=())
     overrides = TINY + ["training.checkpoint_every=20", "training.log_every=10"]
     messages = []
 
