@@ -52,15 +52,13 @@ def test_translator_batches_by_length_and_restores_the_order():
 
 
 @pytest.mark.slow
-def test_file_benchmark_on_a_tiny_trained_run(tmp_path, tmp_path_factory, capsys):
+def test_file_benchmark_on_a_tiny_trained_run(tmp_path, tmp_path_factory):
     """deep-nmt-benchmark --mode=decode_file: both routes translate the file alike, in input
-    order, and BLEU is the translator's.  (The tool's main in this process: the tool's own
-    process is tests/test_tools_benchmark.py's.)"""
+    order, and BLEU is the translator's."""
     from deep_nmt_tf.benchmark.decoding import format_file_results
     from deep_nmt_tf.decoding.scoring import corpus_scores
-    from deep_nmt_tf.tools import benchmark as benchmark_tool
     from test_decoding_helpers import trained_model_dir
-    from test_robustness import _tool
+    from test_training_helpers import run_tool
 
     model_dir = trained_model_dir(tmp_path_factory)
     translator = Translator.from_model_dir(model_dir, jit_compile=False)
@@ -73,13 +71,12 @@ def test_file_benchmark_on_a_tiny_trained_run(tmp_path, tmp_path_factory, capsys
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("".join(s + "\n" for s in shuffled), encoding="utf-8")
     ref.write_text("".join(r + "\n" for r in references), encoding="utf-8")
-    capsys.readouterr()
-    assert _tool(benchmark_tool, "--mode=decode_file", f"--model_dir={model_dir}",
-                 f"--input={src}", f"--reference={ref}", "--precision=float32",
-                 "--nojit_compile", "--repeats=1", "--override=decoding.batch_size=5",
-                 "--override=decoding.beam_size=2") == ""
-    stdout = capsys.readouterr().out
-    result = json.loads(stdout.strip().splitlines()[-1])
+    proc = run_tool("benchmark", "--mode=decode_file", f"--model_dir={model_dir}",
+                    f"--input={src}", f"--reference={ref}", "--precision=float32",
+                    "--nojit_compile", "--repeats=1", "--override=decoding.batch_size=5",
+                    "--override=decoding.beam_size=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["outputs_equal"] is True
     assert (result["precision"], result["jit_compile"], result["beam_size"],
             result["batch_size"]) == ("float32", False, 2, 5)
@@ -90,4 +87,4 @@ def test_file_benchmark_on_a_tiny_trained_run(tmp_path, tmp_path_factory, capsys
         r = result["results"][path]
         assert r["tokens_per_second"] > 0 and r["sentences_per_second"] > 0
         assert r["bleu"] == pytest.approx(bleu)
-    assert format_file_results(result) in stdout
+    assert format_file_results(result) in proc.stdout
