@@ -38,12 +38,21 @@ def corpus(tmp_path_factory):
     return {**paths, "english": str(extra), "dir": str(directory)}
 
 
-@pytest.fixture(scope="module", params=["unigram", "bpe"])
-def model_path(request, corpus):
-    path = os.path.join(corpus["dir"], f"{request.param}.model")
-    learn_sentencepiece([corpus["train_source"], corpus["train_target"], corpus["english"]],
-                        path, 200, model_type=request.param)
+MODEL_TYPES = ["unigram", "bpe"]
+
+
+def _learned(corpus, model_type):
+    """The corpus' SentencePiece model of ``model_type`` (learned on first use)."""
+    path = os.path.join(corpus["dir"], f"{model_type}.model")
+    if not os.path.exists(path):
+        learn_sentencepiece([corpus["train_source"], corpus["train_target"], corpus["english"]],
+                            path, 200, model_type=model_type)
     return path
+
+
+@pytest.fixture(scope="module", params=MODEL_TYPES)
+def model_path(request, corpus):
+    return _learned(corpus, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -141,37 +150,62 @@ def test_bad_model_files_are_named(tmp_path):
         SentencePieceModel(str(bad))
 
 
-def test_tokenizes_in_tf_data_and_in_a_saved_model_in_a_fresh_process(tmp_path, model_path):
-    copy = tmp_path / "copy.model"
-    copy.write_bytes(open(model_path, "rb").read())
-    tokenizer = SentencePieceTokenizer(str(copy))
+_ROUND_TRIPS = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the ops)
+    lines = json.loads(sys.argv[1])
+    out = {}
+    for model_type, path in zip(sys.argv[2::2], sys.argv[3::2]):
+        round_trip = tf.saved_model.load(path).round_trip(tf.constant(lines))
+        out[model_type] = [x.decode("utf-8") for x in round_trip.numpy()]
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def _round_trip(tokenizer):
+    return tf.function(lambda text: tokenizer.detokenize(tokenizer.tokenize(text).to_tensor()),
+                       input_signature=[tf.TensorSpec([None], tf.string)])
+
+
+@pytest.fixture(scope="module")
+def fresh_process_round_trips(corpus, tmp_path_factory):
+    """Each model type's tokenizer, built from a copy of its model file that is deleted once
+    the tokenizer is in a SavedModel (which holds the model itself), and ``LINES`` round-tripped
+    by those SavedModels in a fresh process (one for both)."""
+    base = tmp_path_factory.mktemp("round_trips")
+    tokenizers, args = {}, []
+    for model_type in MODEL_TYPES:
+        copy = base / f"{model_type}.model"
+        copy.write_bytes(open(_learned(corpus, model_type), "rb").read())
+        tokenizer = tokenizers[model_type] = SentencePieceTokenizer(str(copy))
+        exported = tf.Module()
+        exported.tokenizer = tokenizer
+        exported.round_trip = _round_trip(tokenizer)
+        export_dir = str(base / f"saved_{model_type}")
+        tf.saved_model.save(exported, export_dir)
+        copy.unlink()
+        args += [model_type, export_dir]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    result = subprocess.run([sys.executable, "-c", _ROUND_TRIPS, json.dumps(LINES), *args],
+                            capture_output=True, text=True, env=env, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT")][-1]
+    fresh = json.loads(line[len("RESULT"):])
+    return {t: (tokenizers[t], fresh[t]) for t in MODEL_TYPES}
+
+
+def test_tokenizes_in_tf_data_and_in_a_saved_model_in_a_fresh_process(model_path,
+                                                                       fresh_process_round_trips):
+    model_type = os.path.basename(model_path).split(".")[0]
+    tokenizer, fresh = fresh_process_round_trips[model_type]  # (its model file deleted)
     ds = tf.data.Dataset.from_tensor_slices(LINES).batch(3).map(tokenizer.tokenize)
     assert [row for batch in ds for row in batch.to_list()] == \
         tokenizer.tokenize(tf.constant(LINES)).to_list()
-
-    exported = tf.Module()
-    exported.tokenizer = tokenizer
-    exported.round_trip = tf.function(
-        lambda text: tokenizer.detokenize(tokenizer.tokenize(text).to_tensor()),
-        input_signature=[tf.TensorSpec([None], tf.string)])
-    export_dir = str(tmp_path / "saved")
-    tf.saved_model.save(exported, export_dir)
-    copy.unlink()  # The SavedModel holds the model itself.
-    code = textwrap.dedent(f"""
-        import json
-        import tensorflow as tf
-        import tensorflow_text  # noqa: F401  (registers the ops)
-        loaded = tf.saved_model.load({export_dir!r})
-        out = loaded.round_trip(tf.constant({LINES!r}))
-        print("RESULT" + json.dumps([x.decode("utf-8") for x in out.numpy()]))
-    """)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, timeout=120, cwd="/")
-    assert result.returncode == 0, result.stderr[-2000:]
-    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT")][-1]
+    assert tokenizer.tokenize(tf.constant(LINES)).to_list() == \
+        SentencePieceTokenizer(model_path).tokenize(tf.constant(LINES)).to_list()
     want = _text(tokenizer.detokenize(tokenizer.tokenize(tf.constant(LINES)).to_tensor()))
-    assert json.loads(line[len("RESULT"):]) == want
+    assert fresh == want
 
 
 # ---------------------------------------------------------------------------------------------

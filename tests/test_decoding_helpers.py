@@ -3,10 +3,13 @@
 ``trained_model_dir(tmp_path_factory)`` trains a tiny Transformer for a few steps on a small
 synthetic corpus with the real :class:`deep_nmt_tf.training.Trainer` and returns the model
 directory (``config.yaml``, ``vocab.txt``, ``data/``, checkpoints ``ckpt-8/16/24``).  It is
-built once per test session (cached under the session's base temporary directory).
+built once per test session, by whichever pytest-xdist worker asks first (:func:`build_once`);
+tests only read it (a test that changes a run copies it first, ``shutil.copytree``).
 """
 
+import fcntl
 import os
+import shutil
 
 import numpy as np
 
@@ -27,25 +30,53 @@ TINY = {
 STEPS = (8, 16, 24)
 
 
-def tiny_config():
-    from deep_nmt_tf.config import config_from_dict
+def shared_dir(tmp_path_factory) -> str:
+    """The directory every process of this test session shares: the base temporary directory,
+    or under pytest-xdist its parent (each worker's base temporary directory is a child of
+    it, and a new session gets a new one)."""
+    base = tmp_path_factory.getbasetemp()
+    return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
 
-    return config_from_dict(TINY, source="<tiny test config>")
+
+def build_once(tmp_path_factory, name: str, build) -> str:
+    """``SHARED/name`` (:func:`shared_dir`), made by ``build(path)`` in the first process of
+    the session that asks for it; the others wait on a file lock and reuse it.  A build that
+    fails leaves nothing behind that counts as built: the next caller tries again (and fails
+    its own tests the same way)."""
+    path = os.path.join(shared_dir(tmp_path_factory), name)
+    ready = path + ".ready"
+    if os.path.exists(ready):
+        return path
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not os.path.exists(ready):
+                shutil.rmtree(path, ignore_errors=True)  # what a failed build left
+                build(path)
+                with open(ready, "w"):
+                    pass
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return path
+
+
+def trained_run(tmp_path_factory, name: str, tree: dict, source: str) -> str:
+    """A run directory of the config ``tree`` trained by the real
+    :class:`deep_nmt_tf.training.Runner`, once per test session (:func:`build_once`)."""
+
+    def build(model_dir):
+        from deep_nmt_tf.config import config_from_dict
+        from deep_nmt_tf.training import Runner
+
+        Runner(config_from_dict(tree, source=source), model_dir).run()
+
+    return build_once(tmp_path_factory, name, build)
 
 
 def trained_model_dir(tmp_path_factory) -> str:
     """Path of the session's tiny trained model directory (built on first use by the real
     :class:`deep_nmt_tf.training.Trainer`; a failing trainer fails the tests that need it)."""
-    from deep_nmt_tf.training import Runner
-
-    model_dir = str(tmp_path_factory.getbasetemp() / "deep_nmt_trained_model")
-    ready = os.path.join(model_dir, "READY")
-    if os.path.exists(ready):
-        return model_dir
-    Runner(tiny_config(), model_dir).run()
-    with open(ready, "w") as f:
-        f.write("trainer\n")
-    return model_dir
+    return trained_run(tmp_path_factory, "deep_nmt_trained_model", TINY, "<tiny test config>")
 
 
 def test_trained_model_dir_layout(tmp_path_factory):

@@ -13,7 +13,7 @@ from deep_nmt_tf.export import export_saved_model, next_version
 from deep_nmt_tf.inference import Translator
 from test_decoding_helpers import trained_model_dir
 
-# Every test needs the module's exported model (training and export: about 30 s on 2 busy cores).
+# Every test needs the module's exported model (the session's tiny trained run, exported).
 pytestmark = pytest.mark.slow
 
 BAD_INPUTS = ["", "   ", "\t \u3000 ", " ".join(["word"] * 400), "😀 <s> </s> <pad> [UNK] ##",
@@ -22,6 +22,7 @@ BAD_INPUTS = ["", "   ", "\t \u3000 ", " ".join(["word"] * 400), "😀 <s> </s> 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
+    """The default export (XLA in float32) of the session's tiny run, and its translator."""
     model_dir = trained_model_dir(tmp_path_factory)
     translator = Translator.from_model_dir(model_dir)
     export_dir = str(tmp_path_factory.mktemp("export"))
@@ -29,6 +30,17 @@ def exported(tmp_path_factory):
     with open(translator.config.data.test_source, encoding="utf-8") as f:
         sentences = [line.rstrip("\n") for line in f][:10]
     return translator, export_dir, path, sentences
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The same model's plain-graph (``--nojit_compile``) translator and export: the checks
+    that are not about XLA use these (XLA compiles every new input shape, seconds each), and
+    it is what TF Serving's default (XLA-disabled) server runs."""
+    translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False)
+    path = export_saved_model(translator.module, str(tmp_path_factory.mktemp("plain")),
+                              config=translator.config)
+    return translator, path
 
 
 def test_export_layout(exported):
@@ -48,36 +60,49 @@ def test_export_records_its_precision_and_xla(exported):
         assert json.load(f) == {"precision": "float32", "jit_compile": translator.jit_compile}
 
 
-def test_export_tool_records_the_settings_it_chose_for_this_machine(tmp_path_factory, tmp_path):
+def test_export_tool_records_the_settings_it_chose_for_this_machine(tmp_path_factory, tmp_path,
+                                                                    caplog):
     """deep-nmt-export without --precision/--jit_compile: the fastest setting here
-    (deep_nmt_tf.hardware.fastest_inference_settings), logged once and recorded."""
+    (deep_nmt_tf.hardware.fastest_inference_settings), logged once and recorded.  (The tool's
+    main in this process; tests/test_export_ctranslate2.py runs it in its own.)"""
+    import logging
+
     from deep_nmt_tf.hardware import fastest_inference_settings
-    from test_training_helpers import run_tool
+    from deep_nmt_tf.tools import export as export_tool
+    from test_robustness import _tool
 
     chosen = fastest_inference_settings()
-    proc = run_tool("export", f"--model_dir={trained_model_dir(tmp_path_factory)}",
-                    f"--export_dir={tmp_path}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("Inference settings: ") == 1
-    assert f"Inference settings: {chosen.reason}" in proc.stderr
+    with caplog.at_level(logging.INFO, logger="absl"):  # (--verbosity: parsing the flags
+        assert _tool(export_tool, f"--model_dir={trained_model_dir(tmp_path_factory)}",
+                     f"--export_dir={tmp_path}", "--verbosity=0") == ""  # sets absl's level)
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("Inference settings: ") for m in logged) == 1, logged
+    assert any(m.startswith(f"Inference settings: {chosen.reason}") for m in logged), logged
     with open(tmp_path / "1" / "assets.extra" / "deep_nmt.json", encoding="utf-8") as f:
         assert json.load(f) == {"precision": chosen.precision,
                                 "jit_compile": chosen.jit_compile,
                                 "inference_settings": chosen.reason}
 
 
+# The XLA export serves the batch; the plain one (the same signatures without XLA) the other
+# requests, each of which the XLA export would compile for its own shape.
 _FRESH = r'''
 import json, sys
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  (registers the ops)
-m = tf.saved_model.load(sys.argv[1])
-batch, bad = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-serve = m.signatures["serving_default"]
-out = serve(text=tf.constant(batch))
+m, plain = tf.saved_model.load(sys.argv[1]), tf.saved_model.load(sys.argv[2])
+batch, bad = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+out = m.signatures["serving_default"](text=tf.constant(batch))
 res = {"translations": [t.decode("utf-8") for t in out["translations"].numpy()],
        "scores": out["scores"].numpy().tolist(),
        "nbest": [[t.decode("utf-8") for t in row] for row in out["nbest_translations"].numpy()],
        "nbest_scores": out["nbest_scores"].numpy().tolist()}
+m = plain
+serve = m.signatures["serving_default"]
+out = serve(text=tf.constant(batch))
+res["plain_translations"] = [t.decode("utf-8") for t in out["translations"].numpy()]
+res["plain_nbest"] = [[t.decode("utf-8") for t in row]
+                      for row in out["nbest_translations"].numpy()]
 bad_out = serve(text=tf.constant(bad))
 res["bad"] = [t.decode("utf-8") for t in bad_out["translations"].numpy()]
 res["empty_batch"] = serve(text=tf.constant([], tf.string))["translations"].shape.as_list()
@@ -95,9 +120,9 @@ print("RESULT" + json.dumps(res))
 
 
 @pytest.fixture(scope="module")
-def fresh_results(exported):
+def fresh_results(exported, plain):
     _, _, path, sentences = exported
-    proc = subprocess.run([sys.executable, "-c", _FRESH, path, json.dumps(sentences),
+    proc = subprocess.run([sys.executable, "-c", _FRESH, path, plain[1], json.dumps(sentences),
                            json.dumps(BAD_INPUTS)], cwd="/", capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -105,7 +130,7 @@ def fresh_results(exported):
     return json.loads(line[len("RESULT"):])
 
 
-def test_fresh_process_without_deep_nmt_tf_matches_translator(exported, fresh_results):
+def test_fresh_process_without_deep_nmt_tf_matches_translator(exported, plain, fresh_results):
     translator, _, _, sentences = exported
     assert fresh_results["modules"] == []
     local = translator.translate_batch(sentences)
@@ -114,14 +139,15 @@ def test_fresh_process_without_deep_nmt_tf_matches_translator(exported, fresh_re
     assert fresh_results["nbest"] == [[t.decode("utf-8") for t in row]
                                       for row in local["nbest_translations"]]
     np.testing.assert_allclose(fresh_results["nbest_scores"], local["nbest_scores"], atol=1e-6)
-    # The host-side path (length-sorted batches) gives the same translations.
-    hyps = translator.translate(sentences, batch_size=4)
-    assert [h[0].text for h in hyps] == fresh_results["translations"]
-    assert [h.text for h in hyps[0]] == fresh_results["nbest"][0]
+    # The host-side path (length-sorted batches) gives the same translations (both on the
+    # plain graph: no XLA compile per batch shape).
+    hyps = plain[0].translate(sentences, batch_size=4)
+    assert [h[0].text for h in hyps] == fresh_results["plain_translations"]
+    assert [h.text for h in hyps[0]] == fresh_results["plain_nbest"][0]
 
 
-def test_bad_inputs_do_not_crash_and_output_is_bounded(exported, fresh_results):
-    translator, _, _, _ = exported
+def test_bad_inputs_do_not_crash_and_output_is_bounded(plain, fresh_results):
+    translator = plain[0]
     assert len(fresh_results["bad"]) == len(BAD_INPUTS)
     assert fresh_results["empty_batch"] == [0]
     d = translator.config.decoding
@@ -134,9 +160,9 @@ def test_bad_inputs_do_not_crash_and_output_is_bounded(exported, fresh_results):
     assert len(fresh_results["ids_lengths"]) == 3
 
 
-def test_translate_with_options_signature(exported, fresh_results):
-    translator, _, _, sentences = exported
-    greedy = translator.translate(sentences[:3], beam_size=1, length_penalty=0.0)
+def test_translate_with_options_signature(exported, plain, fresh_results):
+    sentences = exported[3]
+    greedy = plain[0].translate(sentences[:3], beam_size=1, length_penalty=0.0)
     assert fresh_results["options"] == [h[0].text for h in greedy]
 
 
@@ -164,8 +190,8 @@ SAVED_MODEL_CLI = ("import sys, tensorflow_text; from tensorflow.python.tools im
                    "saved_model_cli; sys.argv[0] = 'saved_model_cli'; saved_model_cli.main()")
 
 
-def test_saved_model_cli_run(exported, tmp_path):
-    path = exported[2]
+def test_saved_model_cli_run(plain, tmp_path):
+    path = plain[1]  # (the plain graph: no XLA compile in the command)
     proc = subprocess.run(
         [sys.executable, "-c", SAVED_MODEL_CLI, "run", "--dir", path, "--tag_set", "serve",
          "--signature_def", "serving_default",
@@ -192,22 +218,21 @@ def _assert_plain_graph(path):
     assert not {op for op in ops if op.startswith("Xla")}, sorted(ops)
 
 
-def test_plain_graph_export_has_no_xla_ops(exported, tmp_path, tmp_path_factory):
+def test_plain_graph_export_has_no_xla_ops(exported, plain):
     """A --nojit_compile export must run on TF Serving's default (XLA-disabled) server."""
     sentences = exported[3]
-    translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False)
-    path = export_saved_model(translator.module, str(tmp_path), config=translator.config)
+    path = plain[1]
     _assert_plain_graph(path)
     reloaded = tf.saved_model.load(path)
     out = reloaded.signatures["serving_default"](text=tf.constant(sentences[:2]))
     assert out["translations"].shape == (2,)
 
 
-def test_bfloat16_export_takes_and_returns_strings(exported, tmp_path, tmp_path_factory):
+def test_bfloat16_export_takes_and_returns_strings(exported, plain, tmp_path, tmp_path_factory):
     """--precision=bfloat16: bfloat16 weights in the SavedModel, strings in and out, float32
     scores, no XLA-only op (plain graph), the in-process bfloat16 translations; close to the
     float32 model's."""
-    translator32, _, _, sentences = exported
+    translator32, sentences = plain[0], exported[3]
     translator = Translator.from_model_dir(trained_model_dir(tmp_path_factory), jit_compile=False,
                                            precision="bfloat16")
     assert {v.dtype for v in translator.module.model_variables

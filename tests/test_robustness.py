@@ -33,7 +33,7 @@ from deep_nmt_tf.run_dir import RunDir, RunDirError
 from deep_nmt_tf.training import Runner, TrainingDiverged
 from deep_nmt_tf.training.health import HealthMonitor
 from config_trees import constant
-from test_decoding_helpers import TINY
+from test_decoding_helpers import TINY, trained_run
 from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config
 
 # The tools, imported so that every flag is defined before a command line is parsed.
@@ -451,14 +451,19 @@ RUN = {"model": TINY["model"],
        "decoding": TINY["decoding"]}
 
 
+def robustness_run(tmp_path_factory):
+    """The session's trained run directory of ``RUN`` (ckpt-2, ckpt-4; built once, shared with
+    ``tests/test_robustness_edges.py``): tests only read it, or copy it first."""
+    return trained_run(tmp_path_factory, "robustness_run", RUN, "<robustness run>")
+
+
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
     """A trained run directory (ckpt-2, ckpt-4) and a second one of a different model."""
     from deep_nmt_tf.checkpointing import model_checkpoint
     from deep_nmt_tf.models import build_model
     base = tmp_path_factory.mktemp("tools")
-    run = str(base / "run")
-    Runner(config_from_dict(RUN, source="<robustness run>"), run).run()
+    run = robustness_run(tmp_path_factory)
     config = RunDir(run).load_config()
     other = config_from_dict({"model": dict(TINY["model"], d_model=16,
                                             vocab_size=config.model.vocab_size)})

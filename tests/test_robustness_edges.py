@@ -26,7 +26,7 @@ import yaml
 from deep_nmt_tf import run_lock, sizing
 from deep_nmt_tf.config import config_from_dict, load_config
 from deep_nmt_tf.run_dir import RunDir
-from test_robustness import RUN, _digest, _messages, _tool, _write
+from test_robustness import RUN, _digest, _messages, _tool, _write, robustness_run
 
 from deep_nmt_tf.tools import average_checkpoints as average_tool  # noqa: E402
 from deep_nmt_tf.tools import evaluate as evaluate_tool  # noqa: E402
@@ -42,12 +42,9 @@ HOST = socket.gethostname()
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
-    """A trained run directory (ckpt-2, ckpt-4) of ``RUN``."""
-    from deep_nmt_tf.training import Runner
-
-    run = str(tmp_path_factory.mktemp("edges") / "run")
-    Runner(config_from_dict(RUN, source="<edges run>"), run).run()
-    return run
+    """A trained run directory (ckpt-2, ckpt-4) of ``RUN`` (the session's, shared with
+    ``tests/test_robustness.py``: tests copy it before they change it)."""
+    return robustness_run(tmp_path_factory)
 
 
 def _copy(real_run, tmp_path, name="copy"):

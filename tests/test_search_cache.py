@@ -12,6 +12,7 @@ import pytest
 
 from deep_nmt_tf.inference import Translator
 from deep_nmt_tf.export.search_cache import search_key
+from deep_nmt_tf.run_dir import RunDir
 from test_decoding_helpers import trained_model_dir
 
 pytestmark = pytest.mark.slow
@@ -20,8 +21,7 @@ SENTENCES = ["", "a b c", "the house is blue and the house is small"]
 
 
 def _sources(model_dir):
-    with open(Translator.from_model_dir(model_dir, jit_compile=False).config.data.test_source,
-              encoding="utf-8") as f:
+    with open(RunDir(model_dir).load_config().data.test_source, encoding="utf-8") as f:
         return SENTENCES + [line.rstrip("\n") for line in f][:6]
 
 
@@ -117,7 +117,7 @@ def test_fresh_process_uses_the_entries_with_xla(model_dir, tmp_path):
 
 
 def test_search_key_follows_what_shapes_the_search(model_dir):
-    config = Translator.from_model_dir(model_dir, jit_compile=False).config
+    config = RunDir(model_dir).load_config()  # (what Translator.from_model_dir reads)
     d = config.decoding
     key = search_key(config.model, d, "float32", True, 0, (1, 8))
     assert key == search_key(config.model, d, "float32", True, 0, (1, 8))

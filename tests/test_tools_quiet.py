@@ -87,12 +87,15 @@ def test_progress_bar_and_eta():
 
 
 @pytest.mark.slow
-def test_train_prints_no_banner_and_an_eta_and_verbose_restores_it(tmp_path):
+def test_train_prints_no_banner_and_an_eta_and_verbose_restores_it(tmp_path, tmp_path_factory):
+    from test_training_tool import train_tool_run
+
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY))
-    proc = _tool("train", f"--config={config}", f"--model_dir={tmp_path / 'run'}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
+    # deep-nmt-train as _tool runs it: the session's run of tests/test_training_tool.py.
+    train = train_tool_run(tmp_path_factory)
+    assert train["returncode"] == 0, train["stderr"][-3000:]
+    out = train["stdout"] + train["stderr"]
     assert not BANNER.search(out), BANNER.search(out).group(0)
     assert re.search(r"step 4/4: loss .*, ETA \d+s", out), out[-2000:]
 

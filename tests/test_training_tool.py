@@ -2,15 +2,22 @@
 model, run as ``python -m deep_nmt_tf.tools.train``."""
 
 import contextlib
+import json
 import logging
 import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
 
-from test_training_helpers import run_tool, weights
+from test_decoding_helpers import build_once
+from test_training_helpers import SUBPROCESS_TIMEOUT, run_tool, weights
 
 _STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
 TINY = {
@@ -49,6 +56,32 @@ def _write_config(tmp_path, data=TINY):
     return str(path)
 
 
+def train_tool_run(tmp_path_factory):
+    """``python -m deep_nmt_tf.tools.train --config=TINY --checkpoint_data_iterator`` run once
+    per test session the way an installed console script runs (from another directory,
+    ``TF_CPP_MIN_LOG_LEVEL`` unset: ``tests/test_tools_quiet.py`` checks its output too):
+    ``{"model_dir", "config", "returncode", "stdout", "stderr"}``.  Tests that change the run
+    directory copy it first."""
+
+    def build(path):
+        os.makedirs(path)
+        config = _write_config(pathlib.Path(path))
+        model_dir = os.path.join(path, "run")
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        proc = subprocess.run([sys.executable, "-m", "deep_nmt_tf.tools.train",
+                               f"--config={config}", f"--model_dir={model_dir}",
+                               "--checkpoint_data_iterator"], cwd=tempfile.gettempdir(),
+                              capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT,
+                              env=env)
+        with open(os.path.join(path, "process.json"), "w", encoding="utf-8") as f:
+            json.dump({"model_dir": model_dir, "config": config, "returncode": proc.returncode,
+                       "stdout": proc.stdout, "stderr": proc.stderr}, f)
+
+    path = build_once(tmp_path_factory, "train_tool_run", build)
+    with open(os.path.join(path, "process.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def test_config_errors_exit_2_before_any_work(tmp_path):
     config = _write_config(tmp_path)
     model_dir = str(tmp_path / "run")
@@ -67,13 +100,13 @@ def test_config_errors_exit_2_before_any_work(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_tool_then_exact_resume_in_process(tmp_path):
+def test_train_tool_then_exact_resume_in_process(tmp_path, tmp_path_factory):
     config_path = _write_config(tmp_path)
+    proc = train_tool_run(tmp_path_factory)  # (the session's run of the tool, copied)
+    assert proc["returncode"] == 0, proc["stderr"][-4000:]
     model_dir = str(tmp_path / "run")
-    proc = run_tool("train", f"--config={config_path}", f"--model_dir={model_dir}",
-                    "--checkpoint_data_iterator")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "step 4/4: loss" in proc.stderr and "eval at step 4:" in proc.stderr
+    shutil.copytree(proc["model_dir"], model_dir)
+    assert "step 4/4: loss" in proc["stderr"] and "eval at step 4:" in proc["stderr"]
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-4")
     for name in ("config.yaml", "vocab.txt", "train", "eval"):
         assert os.path.exists(os.path.join(model_dir, name)), name
