@@ -12,8 +12,9 @@ from test_training_helpers import run_tool
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# Every test needs the module's trained run directory (about 27 s on 2 busy cores).
-pytestmark = pytest.mark.slow
+# Every test needs the module's trained run directory.
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings(
+    "ignore:Even though the `tf.config.experimental_run_functions")]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,15 @@ def run_dir(tmp_path_factory):
          for key in ("num_heads=2", "ffn_dim=32", "dlcl.enabled=true",
                      "lexical_shortcuts.enabled=true")]
     config = load_config(os.path.join(ROOT, "configs", "demo.yaml"), overrides)
-    Runner(config, model_dir).run()
+    # Eagerly: what the run writes is the subject here, and three updates (with the grad-norm
+    # ratio) and an evaluation run in less time than tracing them takes.
+    import tensorflow as tf
+
+    tf.config.run_functions_eagerly(True)
+    try:
+        Runner(config, model_dir).run()
+    finally:
+        tf.config.run_functions_eagerly(False)
     return model_dir
 
 

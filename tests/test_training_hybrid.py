@@ -13,6 +13,11 @@ from deep_nmt_tf.config import ConfigError
 from config_trees import architecture, constant, merge
 from test_training_helpers import ROOT, make_batches, make_trainer_class, tiny_config
 
+# (tf.data's note that run_functions_eagerly leaves its functions compiled: see source_run.)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Even though the `tf.config.experimental_run_functions")
+
+
 def _model(name, encoder_layers=2, encoder_units=8):
     """A tiny model of architecture ``name`` without dropout (RNMT+ decoder: 16 units, 2
     attention heads of 8 dimensions; a cascade's Transformer stage: 1 layer)."""
@@ -57,7 +62,12 @@ def source_run(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("rnmt"))
     cfg = tiny_config(_model("rnmt_plus"), train_steps=2, checkpoint_every=100)
     runner = _runner(cfg, model_dir)
-    runner.run()
+    # Eagerly: only its checkpoint is used, and two updates take less time than tracing one.
+    tf.config.run_functions_eagerly(True)
+    try:
+        runner.run()
+    finally:
+        tf.config.run_functions_eagerly(False)
     return model_dir, runner.trainer
 
 

@@ -18,7 +18,8 @@ from deep_nmt_tf.training import Runner, optimizers
 from config_trees import config, constant
 from deep_nmt_tf.training.adaptive_clipping import AdaptiveClippingTransform
 from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule
-from test_training_helpers import ROOT, make_batches, make_trainer_class, run_python, weights
+from test_training_helpers import (NO_DROPOUT, ROOT, make_batches, make_trainer_class, run_python,
+                                   tiny_config, weights)
 
 CONFIGS = os.path.join(ROOT, "configs")
 
@@ -38,10 +39,19 @@ def _params(model):
     return int(sum(np.prod(v.shape) for v in model.trainable_variables))
 
 
+def _built_without_values(cfg):
+    """The model of ``cfg`` built, its variables created with their shapes but not drawn
+    (Keras defers a variable's initialisation in a stateless scope): drawing a paper-size
+    model's 100-400 million random values takes seconds, and only the shapes are counted.
+    ``keras.backend.clear_session`` forgets the variables left to initialise."""
+    with keras.StatelessScope(initialize_variables=False):
+        return build_model(cfg)
+
+
 @pytest.mark.parametrize("name,millions", PAPER_SIZES)
 def test_paper_configs_build_with_published_parameter_counts(name, millions):
     cfg = load_config(os.path.join(CONFIGS, name), overrides=["model.vocab_size=32000"])
-    model = build_model(cfg)
+    model = _built_without_values(cfg)
     count = _params(model)
     assert round(count / 1e6) == millions, count
     if name == "rnmt_plus_512.yaml":
@@ -49,7 +59,7 @@ def test_paper_configs_build_with_published_parameter_counts(name, millions):
         # with the 1024-wide bidirectional outputs, so the sources are the N layer outputs.
         cfg_t = load_config(os.path.join(CONFIGS, "rnmt_plus_512_transparent.yaml"),
                             overrides=["model.vocab_size=32000"])
-        model_t = build_model(cfg_t)
+        model_t = _built_without_values(cfg_t)
         assert _params(model_t) == count + cfg.model.encoder.get().num_layers
         del model_t
     del model
@@ -139,7 +149,10 @@ def test_adaptive_clipping_transform_from_config():
 def test_adaptive_clipping_skips_an_injected_outlier_in_the_trainer(tmp_path):
     """With adaptive clipping on, a 1000x loss (gradient) spike is skipped and leaves the
     weights alone; the ordinary steps are applied; the skip is counted and logged."""
-    cfg = _rnmt_config(train_steps=10, adaptive_clipping={"enabled": True, "warmup_steps": 6})
+    # The tiny Transformer: the clipping is the model's gradient's (tracing the RNMT+ step,
+    # its LSTM loops and their gradients, takes 4-6 times as long).
+    cfg = tiny_config(NO_DROPOUT, train_steps=10, log_every=1, checkpoint_every=100,
+                      adaptive_clipping={"enabled": True, "warmup_steps": 6})
     base = make_trainer_class(make_batches(4, batch_size=6, seed=3))
     spike_at = 8  # 1-based step
 
@@ -238,7 +251,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_rnmt_trains_on_demo_corpus_under_mirrored_strategy_and_exports(tmp_path):
-    script = TRAIN_SCRIPT.format(steps=30, model_dir=str(tmp_path / "run"),
+    script = TRAIN_SCRIPT.format(steps=12, model_dir=str(tmp_path / "run"),
                                  export_dir=str(tmp_path / "export"))
     proc = run_python(script, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
