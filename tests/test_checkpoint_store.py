@@ -27,8 +27,10 @@ def fit_run(tmp_path_factory):
     from deep_nmt_tf.fit.run import train
 
     run = str(tmp_path_factory.mktemp("fit") / "run")
-    tree = dict(TINY, training=dict(TINY["training"], train_steps=4, log_every=2,
-                                    checkpoint_every=2))
+    # (One decoder layer: what is traced, fit's step and the tools' searches, is smaller.)
+    model = dict(TINY["model"], decoder=TINY["model"]["encoder"])
+    tree = dict(TINY, model=model, training=dict(TINY["training"], train_steps=4, log_every=2,
+                                                 checkpoint_every=2))
     preprocess_run(config_from_dict(tree, source="<fit run>"), run)
     train(run)
     return run
