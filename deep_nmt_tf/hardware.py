@@ -181,9 +181,9 @@ def fastest_inference_settings(precision: Optional[str] = None,
 
 
 def describe_machine() -> str:
-    """``"<CPU> (cpu family F, model M), <n> cores, TensorFlow <version>"``: this machine."""
-    import tensorflow as tf
-
+    """``"<CPU> (cpu family F, model M), <n> cores, TensorFlow <version>"``: this machine.  Where
+    TensorFlow is not installed (a machine with only JAX, say), the framework part is the
+    Keras backend and its accelerators instead: ``"..., Keras 3.x on jax, 1 x NVIDIA H100"``."""
     cpu = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -191,7 +191,24 @@ def describe_machine() -> str:
     except OSError:
         pass
     cpu = cpu or platform.processor() or platform.machine()
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return f"{cpu}, {os.cpu_count()} cores, {_keras_backend_description()}"
     return f"{cpu}, {os.cpu_count()} cores, TensorFlow {tf.__version__}"
+
+
+def _keras_backend_description() -> str:
+    import keras
+
+    text = f"Keras {keras.__version__} on {keras.backend.backend()}"
+    if keras.backend.backend() == "jax":
+        import jax
+
+        accelerators = [d.device_kind for d in jax.devices() if d.platform != "cpu"]
+        if accelerators:
+            text += f", {len(accelerators)} x {accelerators[0]}"
+    return text
 
 
 def record_hardware(training: Dict, hardware: str) -> None:

@@ -133,3 +133,41 @@ def test_translate_evaluate_and_export_work_on_a_run_of_either_route(route, fit_
     assert _tool(export_tool, f"--model_dir={run}", f"--export_dir={tmp_path / 'exports'}",
                  "--nojit_compile") == ""
     assert os.path.exists(str(tmp_path / "exports" / "1" / "saved_model.pb"))
+
+
+def test_an_average_written_as_keras_weights_is_the_mean_and_every_tool_reads_it(fit_run,
+                                                                               tmp_path):
+    """The average a machine without TensorFlow writes (a model-only ``.weights.h5``: what
+    ``deep-nmt-experiment --route=fit --stop_after=average`` brings back from a GPU machine
+    with only JAX) holds the mean of the checkpoints and translates here."""
+    import numpy as np
+
+    from deep_nmt_tf.checkpoints.averaging import average_model_variables
+    from deep_nmt_tf.models import build_model
+    from deep_nmt_tf.run_dir import RunDir
+
+    store = CheckpointStore(fit_run)
+    out = str(tmp_path / "averaged")
+    path = store.average(out, last=2, output_format=KERAS_WEIGHTS)
+    assert os.path.basename(path) == "ckpt-4.weights.h5"
+    averaged = CheckpointStore(out)
+    assert averaged.list() == [path] and averaged.list(kinds=[TF_CHECKPOINT]) == []
+    assert os.path.getsize(path) < os.path.getsize(store.latest()) / 2  # no optimizer slots
+    config = RunDir(out).load_config()
+    got, want = build_model(config), build_model(config)
+    averaged.restore_model(got)
+    average_model_variables(want, store.list())
+    for a, b in zip(got.weights, want.weights):
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    first = build_model(config)
+    CheckpointStore(fit_run).restore_model(first, store.list()[0])
+    assert any(not np.array_equal(a.numpy(), b.numpy())
+               for a, b in zip(first.weights, got.weights))  # the mean, not the first one
+    text = _tool(translate_tool, f"--model_dir={out}", "--nojit_compile", "--noprogress",
+                 f"--input={os.path.join(fit_run, 'data', 'test.src')}",
+                 f"--output={tmp_path / 'out.txt'}")
+    assert text == ""
+    assert len(open(tmp_path / "out.txt", encoding="utf-8").read().splitlines()) == \
+        TINY["data"]["synthetic_test_size"]
+    with pytest.raises(ValueError, match="output_format='npz'"):
+        store.average(str(tmp_path / "other"), output_format="npz")

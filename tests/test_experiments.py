@@ -81,7 +81,11 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 17
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 22
+    for system in ("deep_post_deepnorm", "deep_post_admin"):  # three seeds (issue 35)
+        assert [n for n in names if n.startswith(system + "-")] == [
+            f"{system}-seed{s}" for s in (1, 2, 3)]
+    assert "deep_pre_30l" in names
     assert "sentencepiece" in names  # the baseline with a SentencePiece vocabulary
     from deep_nmt_tf.config import load_config
 
@@ -709,3 +713,47 @@ def test_a_run_of_one_system_keeps_every_other_systems_statistics(tmp_path, monk
     assert json.load(open(os.path.join(out, "results.json"), encoding="utf-8")) == got
     assert "| other | deep_pre | test2016 | BLEU lc |" in open(
         os.path.join(out, "results.md"), encoding="utf-8").read()
+
+
+def test_a_run_trained_with_fit_and_averaged_elsewhere_is_scored_here_not_retrained(
+        tmp_path, monkeypatch):
+    """--route=fit --stop_after=average (what a GPU machine with only JAX runs), then the run
+    directory copied without its checkpoints and the suite run again: decoded and scored, not
+    trained or averaged again."""
+    import shutil
+
+    _without_xla(monkeypatch)
+    data = _corpus(tmp_path / "data", sizes=(("train", 200), ("valid", 6), ("test2016", 5)))
+    out, copy = str(tmp_path / "out"), str(tmp_path / "copy")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(open(SUITE, encoding="utf-8").read().replace(
+        "config: ", f"config: {os.path.dirname(SUITE)}/").replace(
+        "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4]", "length_penalties: [1.0]"),
+        encoding="utf-8")
+    common = [f"--suite={suite}", f"--data_dir={data}", "--only=baseline", "--max_steps=6"] + [
+        f"--override={o}" for o in TINY + ["training.checkpoint_every=2",
+                                           "training.log_every=2"]]
+    from absl import flags
+
+    with pytest.raises(flags.IllegalFlagValueError, match="preprocess|train|average"):
+        _experiment_here(common + [f"--output_dir={out}", "--stop_after=decode"])
+    assert not os.path.exists(out)  # refused before any work
+    messages = "\n".join(_experiment_here(common + [f"--output_dir={out}", "--route=fit",
+                                                    "--stop_after=average"]))
+    assert "training with fit" in messages and "grad-norm ratio" in messages
+    run_dir = os.path.join(out, "runs", "baseline")
+    state = json.load(open(os.path.join(run_dir, "experiment.json"), encoding="utf-8"))
+    assert state["training"]["route"] == "fit" and state["training"]["updates"] == 6
+    assert len(state["averaged"]) == 3 and os.path.isdir(os.path.join(run_dir, "averaged"))
+    assert not os.path.exists(os.path.join(out, "results.json"))  # nothing decoded yet
+    assert not os.path.exists(os.path.join(run_dir, "test2016.hyp"))
+    # The copy a GPU machine sends back: no checkpoints, no token ids.
+    shutil.copytree(run_dir, os.path.join(copy, "runs", "baseline"), ignore=shutil.ignore_patterns(
+        "ckpt-*.weights.h5", "data"))
+    messages = "\n".join(_experiment_here(common + [f"--output_dir={copy}"]))
+    assert "training from update" not in messages and "Averaging" not in messages
+    entry = json.load(open(os.path.join(copy, "results.json"), encoding="utf-8"))["baseline"]
+    assert entry["training"]["route"] == "fit" and entry["training"]["updates"] == 6
+    assert 0.0 <= entry["test2016"]["bleu"] <= 100.0
+    assert len(open(os.path.join(copy, "runs", "baseline", "test2016.hyp"),
+                    encoding="utf-8").readlines()) == 5

@@ -34,6 +34,17 @@ averaged, decoded and scored at the update it reached (``results.json`` records
 same up to that update; what fits in M minutes depends on the machine.  Run again with a larger
 budget, or without one, the run trains on from there.
 
+Training on a GPU machine with only JAX (no TensorFlow), scoring here::
+
+    deep-nmt-experiment --suite=multi30k ... --only=deep_post_deepnorm --stop_after=preprocess
+    # copy OUTPUT_DIR/runs/<run>/ there, then, there:
+    KERAS_BACKEND=jax deep-nmt-experiment --suite=multi30k ... --route=fit --stop_after=average
+    # copy runs/<run>/ back without its ckpt-*.weights.h5, then, here, the same command as above
+    # without --stop_after: the run is decoded and scored, neither retrained nor re-averaged.
+
+``--route=fit`` trains with Keras ``fit`` (the grad-norm ratio is off: no r_t curve for such a
+run); ``experiment.json`` records the route, the backend and the accelerator.
+
 Exit status: 0 on success; 1 when a run's training stopped on an error it names (non-finite
 updates, a lost worker) and for a flag error that absl reports with its usage message (an
 unknown or missing flag); 2 for a bad suite file, config, data, ``--seeds``, ``--max_steps``,
@@ -71,6 +82,12 @@ define_flags([
                                                   "to score (repeatable)."),
     (flags.DEFINE_multi_string, "override", [], "Config override KEY=VALUE for every run "
                                                 "(repeatable)."),
+    (flags.DEFINE_enum, "route", "custom", ["custom", "fit"],
+     "How runs train: the custom loop (TensorFlow), or Keras fit on the current backend "
+     "(KERAS_BACKEND=jax on a machine with only JAX and a GPU)."),
+    (flags.DEFINE_enum, "stop_after", None, ["preprocess", "train", "average"],
+     "Stop each run after this stage (e.g. preprocess here, train and average with "
+     "--route=fit on a GPU machine, then run again here to decode and score)."),
 ])
 
 
@@ -108,14 +125,21 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
     from deep_nmt_tf.run_lock import RunLockError
-    from deep_nmt_tf.training import TrainingDiverged, TrainingInterrupted, WorkerLost
+    try:
+        from deep_nmt_tf.training import TrainingDiverged, TrainingInterrupted, WorkerLost
+    except ImportError:  # no TensorFlow (--route=fit on a machine with only JAX)
+        class TrainingDiverged(Exception):  # noqa: N818 - never raised without TensorFlow
+            pass
+
+        TrainingInterrupted = WorkerLost = TrainingDiverged
 
     try:
         suite = load_suite(find_suite(FLAGS.suite))
         results = run_suite(suite, FLAGS.data_dir, FLAGS.output_dir, only=FLAGS.only,
                             seeds=seeds, max_steps=FLAGS.max_steps, extra_tests=extra,
                             overrides=FLAGS.override,
-                            max_train_minutes=FLAGS.max_train_minutes)
+                            max_train_minutes=FLAGS.max_train_minutes, route=FLAGS.route,
+                            stop_after=FLAGS.stop_after)
     except (ConfigError, DataError, FileNotFoundError, ValueError, RunLockError) as e:
         _fail(str(e))
     except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved

@@ -9,6 +9,9 @@ vocabulary), ``run.json``, ``vocab.txt``, ``averaged_checkpoints.txt`` and one m
 checkpoint in the trainer's layout (:func:`deep_nmt_tf.checkpointing.model_checkpoint`)
 numbered with the newest averaged step, managed by ``tf.train.CheckpointManager`` (so
 ``tf.train.latest_checkpoint`` finds it).  Optimizer slots and training counters are left out.
+On another Keras backend than TensorFlow (a machine with only JAX, where ``fit`` trained the run),
+or with ``output_format=KERAS_WEIGHTS``, the average is written as a model-only
+``ckpt-<step>.weights.h5`` instead (Keras' ``save_weights``), which every tool reads as well.
 
 An output directory that holds a run (its ``config.yaml``, checkpoints ...) is refused unless
 ``overwrite`` (its earlier checkpoints are then removed), or unless it holds an earlier average
@@ -30,20 +33,42 @@ import shutil
 from typing import List, Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.checkpointing import (checkpoint_files, find_checkpoints, model_checkpoint,
-                                       remove_partial)
 from deep_nmt_tf.checkpoints.disk import DiskFullError, free_bytes, is_disk_full
-from deep_nmt_tf.checkpoints.formats import format_of
+from deep_nmt_tf.checkpoints.formats import KERAS_WEIGHTS, TF_CHECKPOINT, format_of
 from deep_nmt_tf.run_dir import RunDir, checkpoint_step
 
 __all__ = ["average_checkpoints", "average_model_variables"]
 
 
+def _numpy_dtype(variable) -> np.dtype:
+    import keras
+
+    return np.dtype(keras.backend.standardize_dtype(variable.dtype))
+
+
 def _is_float(variable) -> bool:
-    return tf.as_dtype(variable.dtype).is_floating
+    import ml_dtypes
+
+    dtype = _numpy_dtype(variable)
+    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
+
+
+def _tensorflow_backend() -> bool:
+    """Whether ``ckpt-N`` can hold the model: TensorFlow installed and Keras' backend (a
+    ``tf.train.Checkpoint`` saves no variables of another backend)."""
+    import keras
+
+    return keras.backend.backend() == "tensorflow" and _tensorflow_available()
+
+
+def _tensorflow_available() -> bool:
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def average_model_variables(model, checkpoints: Sequence[str]) -> None:
@@ -59,11 +84,17 @@ def average_model_variables(model, checkpoints: Sequence[str]) -> None:
         format_of(path).restore_model(model, path)
         for i, v in enumerate(variables):
             if _is_float(v):
-                value = np.asarray(v.numpy(), np.float64)
+                value = np.asarray(keras_value(v), np.float64)
                 sums[i] = value if sums[i] is None else sums[i] + value
     for v, total in zip(variables, sums):
         if total is not None:
-            v.assign((total / len(checkpoints)).astype(tf.as_dtype(v.dtype).as_numpy_dtype))
+            v.assign((total / len(checkpoints)).astype(_numpy_dtype(v)))
+
+
+def keras_value(variable) -> np.ndarray:
+    import keras
+
+    return keras.ops.convert_to_numpy(variable.value)
 
 
 def _is_average_of(target: RunDir, model_dir: str) -> bool:
@@ -81,7 +112,7 @@ def _is_average_of(target: RunDir, model_dir: str) -> bool:
 
 def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
                         checkpoints: Optional[Sequence[str]] = None,
-                        overwrite: bool = False) -> str:
+                        overwrite: bool = False, output_format: Optional[str] = None) -> str:
     """Averages the ``last`` newest checkpoints of ``model_dir`` into ``output_dir``.
 
     Args:
@@ -91,6 +122,8 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
       checkpoints: explicit checkpoint prefixes instead of ``last``.
       overwrite: replace the run in ``output_dir`` if there is one (without it, only an
         earlier average of ``model_dir`` is replaced; module docstring).
+      output_format: ``TF_CHECKPOINT`` or ``KERAS_WEIGHTS`` (default: the first on the
+        TensorFlow backend, else the second).
 
     Returns:
       The path of the written checkpoint.
@@ -104,6 +137,11 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     """
     from deep_nmt_tf.models import build_model
 
+    if output_format is None:
+        output_format = TF_CHECKPOINT if _tensorflow_backend() else KERAS_WEIGHTS
+    if output_format not in (TF_CHECKPOINT, KERAS_WEIGHTS):
+        raise ValueError(f"output_format={output_format!r}: expected {TF_CHECKPOINT!r} or "
+                         f"{KERAS_WEIGHTS!r}")
     if os.path.abspath(output_dir) == os.path.abspath(model_dir):
         raise ValueError("--output must differ from --model_dir")
     source, target = RunDir(model_dir), RunDir(output_dir)
@@ -133,10 +171,13 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     model = build_model(config)
     average_model_variables(model, checkpoints)
 
-    tf.io.gfile.makedirs(output_dir)
-    for old in find_checkpoints(output_dir):  # (only with overwrite: refused above otherwise)
-        for name in checkpoint_files(old):
-            os.remove(name)
+    os.makedirs(output_dir, exist_ok=True)
+    if _tensorflow_available():  # (without TensorFlow there can be no ckpt-N to replace)
+        from deep_nmt_tf.checkpointing import checkpoint_files, find_checkpoints
+
+        for old in find_checkpoints(output_dir):  # (only with overwrite: refused otherwise)
+            for name in checkpoint_files(old):
+                os.remove(name)
     for old in target.list_keras_weights():  # (a fit run's weights would seem newer)
         os.remove(old)
     state = os.path.join(output_dir, "checkpoint")
@@ -144,7 +185,7 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
         os.remove(state)
     step = max(max(checkpoint_step(p) for p in checkpoints), 0)
     try:
-        path = _write_average(source, target, config, model, checkpoints, step)
+        path = _write_average(source, target, config, model, checkpoints, step, output_format)
     except Exception as e:  # noqa: BLE001 - TensorFlow's ResourceExhaustedError, OSError ...
         if not is_disk_full(e):
             raise
@@ -152,8 +193,14 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
         logging.info("Wrote the average of %d checkpoints to %s", len(checkpoints), path)
         return path
     # A full disk: what was written is removed (an average is written whole or not at all).
-    prefix = target.checkpoint_prefix(step)
-    remove_partial(prefix)
+    if output_format == KERAS_WEIGHTS:
+        prefix = target.keras_weights_path(step)
+        format_of(prefix).remove_partial(prefix)
+    else:
+        from deep_nmt_tf.checkpointing import remove_partial
+
+        prefix = target.checkpoint_prefix(step)
+        remove_partial(prefix)
     vocab_src = os.path.abspath(source.vocab_path(config))
     for name in (target.default_tokenizer_path(config), target.config_path,
                  target.metadata_path, state, target.averaged_list_path):
@@ -168,7 +215,7 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
 
 
 def _write_average(source: RunDir, target: RunDir, config, model, checkpoints: Sequence[str],
-                   step: int) -> str:
+                   step: int, output_format: str = TF_CHECKPOINT) -> str:
     """Writes the averaged run directory (module docstring); returns the checkpoint."""
     vocab_src = source.vocab_path(config)
     vocab_dst = target.default_tokenizer_path(config)
@@ -176,9 +223,20 @@ def _write_average(source: RunDir, target: RunDir, config, model, checkpoints: S
         shutil.copyfile(vocab_src, vocab_dst)
     target.write_config(dataclasses.replace(config, data=dataclasses.replace(
         config.data, vocab=vocab_dst)))
-    manager = tf.train.CheckpointManager(model_checkpoint(model), target.path,
-                                         max_to_keep=None)
-    path = manager.save(checkpoint_number=step)
+    if output_format == KERAS_WEIGHTS:
+        from deep_nmt_tf.checkpoints.formats import partial_name
+
+        path = target.keras_weights_path(step)
+        model.save_weights(partial_name(path), overwrite=True)  # (no optimizer: model only)
+        os.replace(partial_name(path), path)
+    else:
+        import tensorflow as tf
+
+        from deep_nmt_tf.checkpointing import model_checkpoint
+
+        manager = tf.train.CheckpointManager(model_checkpoint(model), target.path,
+                                             max_to_keep=None)
+        path = manager.save(checkpoint_number=step)
     with open(target.averaged_list_path, "w", encoding="utf-8") as f:
         f.writelines(p + "\n" for p in checkpoints)
     return path

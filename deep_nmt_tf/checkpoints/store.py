@@ -319,14 +319,17 @@ class CheckpointStore:
         raise self.disk_full(target, partial, kind) from None
 
     def average(self, output_dir: str, last: int = 5,
-                checkpoints: Optional[Sequence[str]] = None, overwrite: bool = False) -> str:
+                checkpoints: Optional[Sequence[str]] = None, overwrite: bool = False,
+                output_format: Optional[str] = None) -> str:
         """The average of the ``last`` newest checkpoints (or of ``checkpoints``) written as a
-        new run directory (:func:`deep_nmt_tf.checkpoints.averaging.average_checkpoints`);
-        returns the written checkpoint."""
+        new run directory (:func:`deep_nmt_tf.checkpoints.averaging.average_checkpoints`;
+        ``output_format``: its checkpoint's kind, default ``ckpt-N`` where TensorFlow is
+        installed, else a model-only ``.weights.h5``); returns the written checkpoint."""
         from deep_nmt_tf.checkpoints.averaging import average_checkpoints
 
         return average_checkpoints(self.directory, output_dir, last=last,
-                                   checkpoints=checkpoints, overwrite=overwrite)
+                                   checkpoints=checkpoints, overwrite=overwrite,
+                                   output_format=output_format)
 
 
 

@@ -39,6 +39,20 @@ Scores (:func:`deep_nmt_tf.decoding.scoring.table_scores`, the one place that sc
 is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same lowercased (the number the
 Multi30k literature reports), ``chrf`` sacreBLEU chrF2.
 
+Training routes.  By default a run trains with the custom loop (TensorFlow,
+:class:`~deep_nmt_tf.training.Runner`).  With ``route="fit"`` (``--route=fit``) it trains with
+Keras ``compile``/``fit`` on the current backend (:func:`deep_nmt_tf.fit.run.train`), so a suite
+can train on a machine with only JAX and a GPU: the run directory must then hold
+``deep-nmt-preprocess``'s token ids (written here first where TensorFlow is installed), the
+grad-norm ratio is turned off (``fit`` cannot compute it; the run has no r_t curve), and the
+average is written as a model-only ``.weights.h5`` where TensorFlow is missing.  ``stop_after=
+"average"`` (``--stop_after=average``) stops each run after its average: copy ``runs/<run>/``
+without its checkpoints (``experiment.json``, ``config.yaml``, ``run.json``, ``vocab.txt``,
+``averaged/``) to a machine with TensorFlow and run the same suite there to decode and score it.
+A run directory whose ``experiment.json`` records the training done and an average, with
+``averaged/`` present but none of the averaged checkpoints, is such a copy: neither trained nor
+averaged again.
+
 Each run directory is locked while its run works (:mod:`deep_nmt_tf.run_lock`): a second suite,
 or a ``deep-nmt-train``, on the same run is refused naming the process that has it.
 """
@@ -61,7 +75,18 @@ from deep_nmt_tf.experiments.statistics import update_report
 from deep_nmt_tf.experiments.suite import RESERVED_KEYS, PlannedRun, Suite, planned_runs
 from deep_nmt_tf.hardware import describe_machine, record_hardware
 
-__all__ = ["RESERVED_KEYS", "run_one", "run_suite"]
+__all__ = ["RESERVED_KEYS", "ROUTES", "STOP_AFTER", "run_one", "run_suite"]
+
+#: How a run trains: the custom loop (TensorFlow) or Keras ``fit`` on the current backend.
+ROUTES = ("custom", "fit")
+#: Where ``stop_after`` may stop each run (module docstring).
+STOP_AFTER = ("preprocess", "train", "average")
+
+
+def _listed(run_dir: str) -> List[str]:
+    from deep_nmt_tf.checkpoints import CheckpointStore
+
+    return CheckpointStore(run_dir).list()
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,6 +193,8 @@ def _average(run: PlannedRun, run_dir: str, state: RunState) -> str:
     out = os.path.join(run_dir, "averaged")
     store = CheckpointStore(run_dir)
     checkpoints = store.list()[-run.average_last:]
+    if _copied_after_average(run_dir, state, checkpoints):
+        return out
     if state.data.get("averaged") != checkpoints:
         # ``averaged/`` is this tool's own output, derived from the run's checkpoints: replaced
         # even when it names checkpoints elsewhere (a run directory copied or moved here).
@@ -177,6 +204,93 @@ def _average(run: PlannedRun, run_dir: str, state: RunState) -> str:
         state.data.pop("tests", None)
         state.save()
     return out
+
+
+def _copied_after_average(run_dir: str, state: RunState, checkpoints: Sequence[str]) -> bool:
+    """Whether ``run_dir`` is a run copied here after training and averaging elsewhere
+    (module docstring): its average recorded and present, none of its checkpoints here."""
+    from deep_nmt_tf.checkpoints import CheckpointStore
+
+    averaged = state.data.get("averaged")
+    return bool(averaged) and not checkpoints and bool(
+        CheckpointStore(os.path.join(run_dir, "averaged")).list())
+
+
+def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable,
+               overrides: Sequence[str], max_train_minutes: Optional[float] = None) -> None:
+    """Trains ``run`` with ``compile``/``fit`` on the current Keras backend (module
+    docstring); the same bookkeeping as :func:`_train`."""
+    import keras
+
+    from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointStore
+    from deep_nmt_tf.checkpoints.formats import format_of
+    from deep_nmt_tf.run_dir import RunDir, checkpoint_step
+
+    rd = RunDir(run_dir)
+    saved = rd.saved_config()
+    _check_seed(run, saved, run_dir, state)
+    _check_recipe(run, config, saved, run_dir)
+    if _copied_after_average(run_dir, state, CheckpointStore(run_dir).list()):
+        return
+    if not os.path.exists(rd.token_file("train")):
+        try:
+            from deep_nmt_tf.data.preprocess import preprocess_run
+        except ImportError as e:
+            raise FileNotFoundError(
+                f"{rd.token_file('train')}: not found, and the token ids cannot be written here "
+                f"({e}): run deep-nmt-preprocess (or this suite with --stop_after=preprocess) "
+                f"where TensorFlow is installed and copy {run_dir} here") from None
+        log(f"{run.name}: writing the token ids (deep-nmt-preprocess)")
+        preprocess_run(config, run_dir, ("train", "dev"))
+    existing = [p for p in CheckpointStore(run_dir).list() if format_of(p).kind == KERAS_WEIGHTS]
+    done = checkpoint_step(existing[-1]) if existing else 0
+    target = config.training.train_steps
+    training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
+    training.setdefault("timed_from_update", done)
+    training.update(seed=run.seed, config=os.path.abspath(run.config),
+                    precision=config.training.precision, route="fit",
+                    backend=keras.backend.backend())
+    budget = max_train_minutes * 60.0 if max_train_minutes else None
+    if done >= target or (budget is not None and training["seconds"] >= budget):
+        training["updates"] = done
+        state.save()
+        return
+    record_hardware(training, describe_machine())
+    fit_overrides = [f"training.train_steps={target}", f"training.seed={run.seed}"]
+    if config.training.grad_norm_ratio_every:
+        log(f"{run.name}: training.grad_norm_ratio_every={config.training.grad_norm_ratio_every}"
+            f" turned off: fit cannot compute the grad-norm ratio (this run has no r_t curve)")
+        fit_overrides.append("training.grad_norm_ratio_every=0")
+    fit_overrides += [o for o in overrides if o.split("=", 1)[0].strip().startswith("training.")
+                      and o.split("=", 1)[0].strip() not in ("training.train_steps",
+                                                             "training.seed")]
+    log(f"{run.name}: training with fit ({keras.backend.backend()}) from update {done} to "
+        f"{target}")
+    start = [time.perf_counter(), time.process_time()]
+
+    class Account(keras.callbacks.Callback):
+        """Every ``fit`` epoch (``training.log_every`` updates): the clock and the updates;
+        the budget of ``max_train_minutes`` stops the training."""
+
+        def on_train_begin(self, logs=None):
+            training["parameters"] = int(self.model.count_params())
+
+        def on_epoch_end(self, epoch, logs=None):
+            now = [time.perf_counter(), time.process_time()]
+            training["seconds"] += now[0] - start[0]
+            training["cpu_seconds"] += now[1] - start[1]
+            start[:] = now
+            updates = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            training["updates"] = min(updates, target)
+            if budget is not None and training["seconds"] >= budget and updates < target:
+                training["budget"] = {"minutes": max_train_minutes, "stopped_at": updates}
+                self.model.stop_training = True
+            state.save()
+
+    from deep_nmt_tf.fit.run import train as fit_train
+
+    fit_train(run_dir, overrides=fit_overrides, callbacks=[Account()])
+    state.save()
 
 
 def _translate(translator, sentences: Sequence[str], beam: int, alpha: float) -> List[str]:
@@ -308,9 +422,14 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
 def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
             dev: Tuple[str, str], tests: Dict[str, Tuple[str, str]], output_dir: str,
             max_steps: Optional[int] = None, overrides: Sequence[str] = (),
-            log: Callable = logging.info, max_train_minutes: Optional[float] = None) -> Dict:
+            log: Callable = logging.info, max_train_minutes: Optional[float] = None,
+            route: str = "custom", stop_after: Optional[str] = None) -> Optional[Dict]:
     """Trains, averages, decodes and scores one run (each stage skipped when done); returns
-    its results.json entry."""
+    its results.json entry (None when ``stop_after`` stopped it before decoding)."""
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r}: expected one of {', '.join(ROUTES)}")
+    if stop_after not in (None,) + STOP_AFTER:
+        raise ValueError(f"stop_after={stop_after!r}: expected one of {', '.join(STOP_AFTER)}")
     run_dir = os.path.join(output_dir, "runs", run.name)
     os.makedirs(run_dir, exist_ok=True)
     state = RunState(os.path.join(run_dir, "experiment.json"))
@@ -320,8 +439,22 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
         steps = min(config.training.train_steps, max_steps)
         config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra +
                              [f"training.train_steps={steps}"])
-    _train(run, config, run_dir, state, log, max_train_minutes)
+    if stop_after == "preprocess":
+        from deep_nmt_tf.data.preprocess import preprocess_run
+        from deep_nmt_tf.run_dir import RunDir
+
+        if not os.path.exists(RunDir(run_dir).token_file("train")):
+            preprocess_run(config, run_dir, ("train", "dev"))
+        return None
+    if route == "fit":
+        _train_fit(run, config, run_dir, state, log, overrides, max_train_minutes)
+    elif not _copied_after_average(run_dir, state, _listed(run_dir)):
+        _train(run, config, run_dir, state, log, max_train_minutes)
+    if stop_after == "train":
+        return None
     averaged = _average(run, run_dir, state)
+    if stop_after == "average":
+        return None
     results = dict(_decode(run, suite, averaged, dev, tests, run_dir, state, log))
     out = {name: {k: results[name][k] for k in ("bleu", "bleu_lc", "chrf")}
            for name in tests}
@@ -343,7 +476,8 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
               seeds: Sequence[int] = (), max_steps: Optional[int] = None,
               extra_tests: Sequence[Tuple[str, str, str]] = (),
               overrides: Sequence[str] = (), log: Callable = logging.info,
-              max_train_minutes: Optional[float] = None) -> Dict[str, Dict]:
+              max_train_minutes: Optional[float] = None, route: str = "custom",
+              stop_after: Optional[str] = None) -> Dict[str, Dict]:
     """Runs the suite (module docstring); returns and writes ``results.json``.
 
     Args:
@@ -359,7 +493,15 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
         results.json, summed over resumes) reaches this many minutes; the run is then averaged,
         decoded and scored at the update it reached (``training.budget`` records it).  Run
         again with a larger budget or none, it trains on towards ``training.train_steps``.
+      route: ``"custom"`` (the custom loop, TensorFlow) or ``"fit"`` (Keras ``fit`` on the
+        current backend; module docstring).
+      stop_after: ``"preprocess"``, ``"train"`` or ``"average"``: each run stops there (nothing
+        decoded, scored or reported; module docstring); None: every stage.
     """
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r}: expected one of {', '.join(ROUTES)}")
+    if stop_after not in (None,) + STOP_AFTER:
+        raise ValueError(f"stop_after={stop_after!r}: expected one of {', '.join(STOP_AFTER)}")
     if max_train_minutes is not None and not max_train_minutes > 0:
         raise ValueError(f"max_train_minutes={max_train_minutes}: must be > 0")
     def split(name):
@@ -395,13 +537,20 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
             results = json.load(f)
     for run in runs:  # Each run directory has one writer (deep_nmt_tf.run_lock).
         with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
-            results[run.name] = run_one(run, suite, data_overrides, dev, tests, output_dir,
-                                        max_steps, overrides, log, max_train_minutes)
+            entry = run_one(run, suite, data_overrides, dev, tests, output_dir, max_steps,
+                            overrides, log, max_train_minutes, route=route, stop_after=stop_after)
+        if entry is None:  # stop_after: nothing decoded or scored
+            continue
+        results[run.name] = entry
         # Every system's seed statistics and comparisons, from every run on disk (not only
         # those of this invocation): a pair tested before is reused.
         update_report(suite, results, {name: ref for name, (_, ref) in tests.items()},
                       output_dir, log)
         write_results(results, results_path, list(tests), output_dir)
+    if stop_after is not None:
+        log(f"Stopped every run after its {stop_after} (stop_after); run the suite again "
+            f"without it to go on")
+        return results
     first_test = next(iter(tests.values()), dev)
     figures(suite, runs, output_dir, first_test, log)
     return results
