@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(config, items):
     ``jax_rerun_skip``: every test function runs on the second backend, while the combinations
     of options (and the compositions of parts checked on their own) run once, on TensorFlow.
     JAX executes each eager op through its own XLA compilation, so a case costs 3-10x its
-    TensorFlow time there."""
+    TensorFlow time there; some tests use smaller models then (``keras_test_utils.JAX_RERUN``:
+    fewer layers, the same assertions)."""
     if os.environ.get("DEEP_NMT_JAX_RERUN") != "1":
         return
     seen, kept, dropped = set(), [], []

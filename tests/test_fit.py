@@ -1,6 +1,7 @@
 """Keras ``compile``/``fit`` (deep_nmt_tf.fit): the loss, schedules and optimizer options from a
 config, what fit refuses, fit on TensorFlow in process and on JAX in a subprocess, and a model
-trained with fit on JAX translated by ``deep-nmt-translate`` on TensorFlow."""
+trained with fit on JAX translated by ``deep-nmt-translate`` on TensorFlow (in
+process)."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from config_trees import constant
+from keras_test_utils import fast_xla_compile_env
 from test_training_helpers import (NO_DROPOUT, VOCAB, make_batches, run_python, run_tool,
                                    tiny_config)
 
@@ -199,10 +201,13 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     run_dir = str(tmp_path / "run")
     out = run_tool("preprocess", f"--config={config_path}", f"--model_dir={run_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
-    # Two CPU devices: fit trains data-parallel (keras.distribution.DataParallel), as on GPUs.
+    # Two CPU devices: fit trains data-parallel (keras.distribution.DataParallel), as on GPUs;
+    # XLA compiles its steps and the search with FAST_XLA_COMPILE_FLAGS.
+    xla_flags = fast_xla_compile_env()["XLA_FLAGS"]
     proc = run_python(JAX_SCRIPT.replace("sys.argv[1]", repr(run_dir)),
                       env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-                           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}, timeout=900)
+                           "XLA_FLAGS": f"{xla_flags} --xla_force_host_platform_device_count=2"},
+                      timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert not result["tensorflow"], "fit on JAX imported TensorFlow"
@@ -211,9 +216,16 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], losses
     assert sorted(os.listdir(run_dir))[:2] == ["ckpt-20.weights.h5", "ckpt-40.weights.h5"]
 
+    # deep-nmt-translate in this process (TensorFlow; its subprocess runs:
+    # tests/test_tools_translate_eval.py).
+    from absl import flags
+    from deep_nmt_tf.tools import translate as translate_tool
+
     test_source = os.path.join(run_dir, "data", "test.src")
-    out = run_tool("translate", f"--model_dir={run_dir}", f"--input={test_source}",
-                   "--beam_size=1")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.splitlines() == result["hyps"]
+    output = tmp_path / "test.hyp"
+    flags.FLAGS.unparse_flags()
+    translate_tool.main(flags.FLAGS(["translate", f"--model_dir={run_dir}",
+                                     f"--input={test_source}", f"--output={output}",
+                                     "--beam_size=1"]))
+    assert output.read_text(encoding="utf-8").splitlines() == result["hyps"]
     assert any(h.strip() for h in result["hyps"])

@@ -1,6 +1,6 @@
-"""Re-runs the pure-Keras layer and model tests under ``KERAS_BACKEND=jax`` (the first case of
-each parametrized test, ``tests/conftest.py``), and checks that ``deep_nmt_tf.layers`` /
-``deep_nmt_tf.models`` never import TensorFlow."""
+"""Re-runs the pure-Keras layer and model tests under ``KERAS_BACKEND=jax`` without TensorFlow
+(the first case of each parametrized test, ``tests/conftest.py``), and checks that
+``deep_nmt_tf.layers`` / ``deep_nmt_tf.models`` never import TensorFlow."""
 
 import ast
 import glob
@@ -49,20 +49,42 @@ def test_backend_agnostic_test_files_do_not_import_tensorflow():
     assert not offenders, offenders
 
 
+# Runs pytest with TensorFlow unimportable, as on a machine without it: the layers and models
+# need none (and Keras, seeing none, does not import it: 7 s and its memory).
+PYTEST_WITHOUT_TENSORFLOW = """
+import importlib.abc, sys
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_text", "tf_keras"):
+            raise ImportError(f"no {name} on this machine (tests/test_jax_backend.py)")
+
+sys.meta_path.insert(0, NoTensorFlow())
+import pytest
+
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
-def test_layer_and_model_tests_pass_on_jax():
+def test_layer_and_model_tests_pass_on_jax(tmp_path):
     pytest.importorskip("jax")
     files = _pure_keras_test_files()
     assert files, "no tests/test_layers_*.py or tests/test_models_*.py found"
     # DEEP_NMT_JAX_RERUN: the first case of each parametrized test (tests/conftest.py), some
     # on smaller models (keras_test_utils.JAX_RERUN).  Eager JAX compiles each op on its first
     # use: most of the run is XLA compiling small programs, which FAST_XLA_COMPILE_FLAGS
-    # makes about twice as fast.
+    # makes about twice as fast.  JAX reuses an op's program for its next call of the same
+    # shapes, but a keras.ops.scan or while_loop (a new Python function each call) compiles
+    # anew: a compilation cache, this run's own and empty at its start, gives each repeated
+    # program of over 0.1 s (an LSTM layer's scan, a search loop) its first compilation.
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", DEEP_NMT_JAX_RERUN="1",
-               **fast_xla_compile_env())
+               JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1", **fast_xla_compile_env())
     proc = subprocess.run(
         # -n 0: one process (the outer run's other worker keeps the second core busy).
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "-n", "0",
+        [sys.executable, "-c", PYTEST_WITHOUT_TENSORFLOW, "-q", "-p", "no:cacheprovider", "-x",
+         "-n", "0",
          *files,
          "-k", "not tensorflow_only",
          # A test marked slow there (none at present) would run on TensorFlow only.

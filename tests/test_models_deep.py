@@ -18,8 +18,9 @@ from config_trees import config, merge, model_config, stacks, transformer
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = np.array([[5, 6, 7, 8, 9, 2], [9, 10, 2, 0, 0, 0]], "int32")
-TGT = np.array([[1, 11, 12, 13, 14, 15], [1, 15, 16, 17, 0, 0]], "int32")
+# The other model tests' batch (the JAX re-run compiles each shape's ops once per run).
+SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
+TGT = np.array([[1, 11, 12, 13, 14], [1, 15, 16, 0, 0]], "int32")
 INPUTS = {"source_ids": SRC, "target_input_ids": TGT}
 SMALL = transformer(40, 16, num_heads=2, ffn_dim=32, encoder_layers=3, decoder_layers=2)
 

@@ -16,8 +16,9 @@ from deep_nmt_tf.models import build_model
 from keras_test_utils import assert_config_roundtrip, to_numpy
 
 D = 16
-SRC = np.array([[5, 6, 7, 8, 9, 2], [9, 10, 2, 0, 0, 0]], "int32")
-TGT = np.array([[1, 11, 12, 13, 14, 15], [1, 15, 16, 17, 0, 0]], "int32")
+# The other model tests' batch (the JAX re-run compiles each shape's ops once per run).
+SRC = np.array([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]], "int32")
+TGT = np.array([[1, 11, 12, 13, 14], [1, 15, 16, 0, 0]], "int32")
 
 
 def _ln(x, eps=1e-6):

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from keras_test_utils import fast_xla_compile_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "examples", "*.ipynb")))
 
@@ -24,8 +26,10 @@ def test_notebook_runs(path, backend, tmp_path):
     if backend == "jax":
         pytest.importorskip("jax")
     notebook = nbformat.read(path, as_version=4)
+    # XLA (JAX's fit and search) compiles with FAST_XLA_COMPILE_FLAGS: the same programs.
     env = dict(os.environ, KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               **fast_xla_compile_env())
     # The native kernel is this interpreter (the package and its dependencies as tests see them).
     from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 
