@@ -43,24 +43,8 @@ def backend():
 
 
 
-#: The files that took longest (``--durations=0``, 2026-11-27: 100-180 s each of the suite's
-#: 2,319 s of test time), run first: with ``--dist loadfile`` each worker takes the next file
-#: when it is done, so the long files started last would leave one worker idle at the end.
-LONGEST_FIRST = ("test_jax_backend.py", "test_robustness.py", "test_experiments.py",
-                 "test_training_trainer.py", "test_training_distributed.py",
-                 "test_export_saved_model.py", "test_models_deep.py", "test_diagnostics.py",
-                 "test_training_rnmt.py", "test_training_hybrid.py", "test_notebooks.py")
-
-
-def _longest_first(items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
-
-
 def pytest_collection_modifyitems(config, items):
-    """Files in :data:`LONGEST_FIRST` order (the rest after them, as collected).
-
-    The JAX re-run (``DEEP_NMT_JAX_RERUN=1``, set by ``tests/test_jax_backend.py``) keeps one
+    """The JAX re-run (``DEEP_NMT_JAX_RERUN=1``, set by ``tests/test_jax_backend.py``) keeps one
     case of each parametrized test, its first, and leaves out the tests marked
     ``jax_rerun_skip``: every test function runs on the second backend, while the combinations
     of options (and the compositions of parts checked on their own) run once, on TensorFlow.
@@ -68,7 +52,6 @@ def pytest_collection_modifyitems(config, items):
     TensorFlow time there; some tests use smaller models then (``keras_test_utils.JAX_RERUN``:
     fewer layers, the same assertions)."""
     if os.environ.get("DEEP_NMT_JAX_RERUN") != "1":
-        _longest_first(items)  # (a stable sort: the order within a file is kept)
         return
     seen, kept, dropped = set(), [], []
     for item in items:
