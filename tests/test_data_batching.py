@@ -10,7 +10,7 @@ import pytest
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.batching import (EvalBatches, TokenBatches, bucket_batch_sizes,
-                                       bucket_upper_bounds)
+                                       bucket_upper_bounds, shape_classes)
 from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.data.token_ids import Detokenizer, TokenIds
 
@@ -87,6 +87,48 @@ def test_token_batches_respect_the_budget_and_the_length_limits(static_shapes):
     assert len(set(seen)) > 0.8 * len(pairs)  # 30 batches cover more than a pass.
 
 
+def test_shape_classes_group_neighbouring_buckets_into_their_largest_shape():
+    bounds, sizes = [8, 10, 13, 16, 20], [50, 40, 30, 25, 20]
+    assert shape_classes(bounds, sizes, 0) == list(zip(sizes, bounds))  # one per bucket
+    assert shape_classes(bounds, sizes, 5) == shape_classes(bounds, sizes, 9) == list(
+        zip(sizes, bounds))
+    assert shape_classes(bounds, sizes, 1) == [(50, 20)] * 5
+    # 5 buckets in 2 classes: 2 + 3 (the longer ones get the extra bucket).
+    assert shape_classes(bounds, sizes, 2) == [(50, 10)] * 2 + [(30, 20)] * 3
+
+
+def test_shape_classes_pad_the_same_batches_to_fewer_shapes_with_empty_rows():
+    """The same pairs in the same batches, in ``shape_classes`` shapes; the rows added hold
+    no token (the loss and its token and sentence counts are unchanged)."""
+    data = _corpus(400)
+    kwargs = dict(batch_tokens=400, max_source_length=32, max_target_length=32, num_buckets=6,
+                  seed=2, num_batches=40, static_shapes=True)
+    plain, grouped = TokenBatches(data, **kwargs), TokenBatches(data, shape_classes=2, **kwargs)
+    shapes = set()
+    for b in range(40):
+        (x, y), (gx, gy) = plain[b], grouped[b]
+        shapes.add(gx["source_ids"].shape)
+        rows, width = x["source_ids"].shape
+        assert gx["source_ids"].shape[0] >= rows and gx["source_ids"].shape[1] >= width
+        for key in ("source_ids", "target_input_ids"):
+            np.testing.assert_array_equal(gx[key][:rows, :width], x[key])
+            assert (gx[key][rows:] == PAD_ID).all() and (gx[key][:, width:] == PAD_ID).all()
+        np.testing.assert_array_equal(gy[:rows, :width], y)
+        assert (gy[rows:] == PAD_ID).all() and grouped.tokens(b) == plain.tokens(b)
+    assert len(shapes) <= 2 < len({plain[b][0]["source_ids"].shape for b in range(40)})
+
+
+def test_the_custom_loop_refuses_shape_classes(tmp_path):
+    from deep_nmt_tf.config import ConfigError, config_from_dict
+    from deep_nmt_tf.training import Runner
+    from test_decoding_helpers import TINY
+
+    tree = dict(TINY, training=dict(TINY["training"], shape_classes=3))
+    with pytest.raises(ConfigError, match="training.shape_classes=3: only the Keras fit route"):
+        Runner(config_from_dict(tree, source="<t>"), str(tmp_path / "run"))
+    assert not os.path.exists(tmp_path / "run")  # refused before any work
+
+
 def test_token_batches_continue_across_epochs_and_resume_with_start():
     data = _corpus()
     kwargs = dict(batch_tokens=300, max_source_length=32, max_target_length=32, num_buckets=4,
@@ -140,3 +182,30 @@ def test_detokenizer_matches_the_tensorflow_tokenizer(tmp_path):
     padded = np.minimum(padded, tokenizer.vocab_size - 1)
     want = [t.decode("utf-8") for t in tokenizer.detokenize(padded).numpy()]
     assert detok.batch(padded) == want
+
+
+def test_the_fit_loss_of_a_batch_padded_to_its_shape_class_is_the_same():
+    import keras
+
+    from deep_nmt_tf import fit
+    from deep_nmt_tf.config import config_from_dict
+    from test_decoding_helpers import TINY
+
+    config = config_from_dict(dict(TINY, model=dict(TINY["model"], vocab_size=30),
+                                   training=dict(TINY["training"], shape_classes=1)),
+                              source="<t>")
+    keras.utils.set_random_seed(1)
+    model = fit.build_fit_model(config)
+    fit.compile_model(model, config)
+    data = _corpus(60, vocab=30)
+    kwargs = dict(batch_tokens=300, max_source_length=20, max_target_length=20, num_buckets=4,
+                  seed=1, num_batches=4, static_shapes=True)
+    plain, grouped = TokenBatches(data, **kwargs), TokenBatches(data, shape_classes=1, **kwargs)
+    padded = False
+    for b in range(4):
+        (x, y), (gx, gy) = plain[b], grouped[b]
+        padded = padded or gx["source_ids"].shape != x["source_ids"].shape
+        want = model.evaluate(x, y, batch_size=len(y), verbose=0, return_dict=True)["loss"]
+        got = model.evaluate(gx, gy, batch_size=len(gy), verbose=0, return_dict=True)["loss"]
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert padded  # (rows and columns of padding were added)

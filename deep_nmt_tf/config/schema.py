@@ -282,6 +282,15 @@ class TrainingConfig:
                                 "traced step sees fixed shapes (faster on CPU, more so in "
                                 "mixed_bfloat16: BENCHMARKS.md), instead of one step for "
                                 "batches of any shape.", affects_results=False)
+    shape_classes: int = field(0, "With static shapes on the Keras fit route (deep-nmt-fit, "
+                               "deep-nmt-experiment --route=fit): pad the batches to at most "
+                               "this many shapes, neighbouring length buckets grouped and "
+                               "padded to the group's longest bound and largest batch (rows "
+                               "of padding hold no token: the loss is the same), so that the "
+                               "step is compiled this many times instead of once per bucket, "
+                               "at the price of computing on the padding; 0: one shape per "
+                               "bucket. The custom loop refuses it.", min=0,
+                               affects_results=False)
     precision: str = field("float32", "Keras dtype policy of the model: 'float32', "
                            "'mixed_bfloat16' or 'mixed_float16' (float32 variables and "
                            "checkpoints, half-precision activations; softmax, LayerNorm "

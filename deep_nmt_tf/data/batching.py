@@ -22,7 +22,12 @@ the config's (``data.train``, matched by name), else the file's.
 Shapes.  With ``static_shapes`` (the default on JAX and PyTorch, and with
 ``training.jit_compile``) every batch of a bucket has the same shape ``[B_u, u]``: rows padded
 to ``u`` as ``pad_to_bucket_boundary`` does, so a compiled step is traced once per bucket.
-Otherwise rows are padded to the longest pair of the batch.
+Otherwise rows are padded to the longest pair of the batch.  ``shape_classes=K``
+(``training.shape_classes``) groups the buckets into at most ``K`` classes of neighbouring
+buckets (:func:`shape_classes`): a batch of any bucket of a class is padded to the class's
+longest bound and, with rows that hold no token, to its largest batch size, so a compiled
+step is traced ``K`` times (each trace of a deep model's step costs seconds on a CPU and more
+on a GPU) at the price of computing on the padding.
 
 ``len()`` and ``fit`` epochs.  The dataset has ``num_batches`` batches per epoch; each epoch
 continues the stream where the last one stopped (``on_epoch_end``), and ``start`` skips the
@@ -55,7 +60,8 @@ from deep_nmt_tf.config import corpus_name
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.token_ids import TokenIds
 
-__all__ = ["bucket_upper_bounds", "bucket_batch_sizes", "TokenBatches", "EvalBatches"]
+__all__ = ["bucket_upper_bounds", "bucket_batch_sizes", "shape_classes", "TokenBatches",
+           "EvalBatches"]
 
 _MIN_BUCKET_LENGTH = 8
 _KEEP_BEHIND = 256  # Batches of the plan kept behind the newest one requested.
@@ -95,6 +101,38 @@ def bucket_batch_sizes(upper_bounds: List[int], batch_tokens: int,
         size = max(1, batch_tokens // (2 * bound))
         sizes.append(max(batch_size_multiple, size // batch_size_multiple * batch_size_multiple))
     return sizes
+
+
+def shape_classes(upper_bounds: Sequence[int], batch_sizes: Sequence[int], classes: int
+                  ) -> List[Tuple[int, int]]:
+    """The padded shape ``(rows, width)`` of each bucket's batches when the buckets are grouped
+    into at most ``classes`` classes of neighbouring buckets (``classes`` < 1 or at least the
+    number of buckets: each bucket its own shape ``(batch size, bound)``).
+
+    The groups hold as equal numbers of buckets as they can (the longer ones first get one
+    more); a group's shape is its largest batch size (its shortest bucket's) by its longest
+    bound.
+    """
+    n = len(upper_bounds)
+    if classes < 1 or classes >= n:
+        return [(int(b), int(u)) for b, u in zip(batch_sizes, upper_bounds)]
+    sizes = [n // classes + (1 if i >= classes - n % classes else 0) for i in range(classes)]
+    shapes: List[Tuple[int, int]] = []
+    start = 0
+    for size in sizes:
+        group = range(start, start + size)
+        shape = (max(int(batch_sizes[i]) for i in group), int(upper_bounds[group[-1]]))
+        shapes += [shape] * size
+        start += size
+    return shapes
+
+
+def shape_classes_of(upper_bounds, batch_sizes, classes: int, multiple: int = 1
+                     ) -> List[Tuple[int, int]]:
+    """:func:`shape_classes` with every row count a multiple of ``multiple`` (the devices
+    of ``DataParallel``; the bucket batch sizes already are)."""
+    return [(-(-rows // multiple) * multiple, width)
+            for rows, width in shape_classes(upper_bounds, batch_sizes, classes)]
 
 
 def _default_static_shapes(jit_compile: bool = False) -> bool:
@@ -176,6 +214,8 @@ class TokenBatches(_VariableShapes):
       num_batches: batches per ``fit`` epoch.
       start: batches of the stream to skip (a resumed run).
       static_shapes: pad rows to the bucket bound (default: on JAX and PyTorch).
+      shape_classes: with ``static_shapes``, at most this many batch shapes (module
+        docstring; 0: one per bucket).
       batch_size_multiple: every batch size a multiple of this (the number of devices under
         ``keras.distribution.DataParallel``).
       weights: the sampling weight of each corpus the file lists (default: the file's).
@@ -194,7 +234,7 @@ class TokenBatches(_VariableShapes):
                  max_target_length: int, num_buckets: int, seed: int, num_batches: int,
                  start: int = 0, static_shapes: Optional[bool] = None,
                  batch_size_multiple: int = 1, weights: Optional[Sequence[float]] = None,
-                 **kwargs):
+                 shape_classes: int = 0, **kwargs):
         super().__init__(**kwargs)
         if num_batches < 1:
             raise ValueError(f"num_batches must be >= 1, got {num_batches}")
@@ -228,6 +268,8 @@ class TokenBatches(_VariableShapes):
         self.seed = int(seed)
         self.static_shapes = (_default_static_shapes() if static_shapes is None
                               else bool(static_shapes))
+        self.shapes = shape_classes_of(self.bounds, self.batch_sizes, shape_classes,
+                                       batch_size_multiple)
         self._num_batches = int(num_batches)
         self._offset = int(start)
         self._plan: Dict[int, Tuple[int, np.ndarray]] = {}
@@ -252,7 +294,8 @@ class TokenBatches(_VariableShapes):
             weights = [configured[name] for name in listed]
         return cls(data, t.batch_tokens, d.max_source_length, d.max_target_length,
                    d.num_buckets, t.seed, num_batches, start=start, static_shapes=static_shapes,
-                   batch_size_multiple=batch_size_multiple, weights=weights, **kwargs)
+                   batch_size_multiple=batch_size_multiple, weights=weights,
+                   shape_classes=t.shape_classes, **kwargs)
 
     def _order(self) -> Iterator[int]:
         """The pairs in the order they enter the buckets (module docstring)."""
@@ -296,8 +339,8 @@ class TokenBatches(_VariableShapes):
             raise IndexError(f"batch {index} of an epoch of {self._num_batches}")
         bucket, indices = self.plan(self._offset + index)
         if self.static_shapes:
-            width = self.bounds[bucket]
-            return self.examples.fill(indices, len(indices), width, width)
+            rows, width = self.shapes[bucket]
+            return self.examples.fill(indices, rows, width, width)
         return self.examples.fill(indices, len(indices),
                                   int(self.examples.source_length[indices].max()),
                                   int(self.examples.target_length[indices].max()))

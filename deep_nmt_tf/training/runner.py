@@ -172,6 +172,13 @@ class Runner:
                  start_over: bool = False, **trainer_options):
         if trainer is None:
             from deep_nmt_tf.training.trainer import Trainer as trainer
+        if config.training.shape_classes:
+            from deep_nmt_tf.config import ConfigError
+
+            raise ConfigError(
+                f"{config.source}: training.shape_classes={config.training.shape_classes}: "
+                f"only the Keras fit route (deep-nmt-fit, deep-nmt-experiment --route=fit) "
+                f"groups its batch shapes; set it to 0 for the custom loop")
         self.run_dir = RunDir(model_dir)
         self.model_dir = self.run_dir.path
         self.strategy = strategy or tf.distribute.get_strategy()
