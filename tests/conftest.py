@@ -9,6 +9,9 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# fit on JAX keeps no compiled steps in ~/.cache from the tests (test_fit.py checks the cache
+# in a directory of its own).
+os.environ.setdefault("DEEP_NMT_COMPILATION_CACHE", "off")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -206,7 +206,9 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     xla_flags = fast_xla_compile_env()["XLA_FLAGS"]
     proc = run_python(JAX_SCRIPT.replace("sys.argv[1]", repr(run_dir)),
                       env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-                           "XLA_FLAGS": f"{xla_flags} --xla_force_host_platform_device_count=2"},
+                           "XLA_FLAGS": f"{xla_flags} --xla_force_host_platform_device_count=2",
+                           "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                           "DEEP_NMT_COMPILATION_CACHE": "on"},
                       timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
@@ -215,6 +217,8 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     losses = result["losses"]
     assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], losses
     assert sorted(os.listdir(run_dir))[:2] == ["ckpt-20.weights.h5", "ckpt-40.weights.h5"]
+    # The compiled steps were kept for the next run (JAX's persistent compilation cache).
+    assert os.listdir(tmp_path / "cache" / "deep_nmt_tf" / "jax_compilation_cache")
 
     # deep-nmt-translate in this process (TensorFlow; its subprocess runs:
     # tests/test_tools_translate_eval.py).

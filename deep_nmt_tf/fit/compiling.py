@@ -40,15 +40,17 @@ No TensorFlow (the layering test checks it).
 
 from __future__ import annotations
 
+import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import keras
+from absl import logging
 
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.task import TranslationTask
 
-__all__ = ["UNSUPPORTED", "check_fit_config", "setup_distribution", "build_fit_model",
-           "compile_model"]
+__all__ = ["UNSUPPORTED", "CACHE_ENV", "check_fit_config", "setup_distribution",
+           "use_compilation_cache", "build_fit_model", "compile_model"]
 
 #: ``(key, is_set(training), why)``: what ``fit`` refuses.
 UNSUPPORTED: Tuple[Tuple[str, Callable, str], ...] = (
@@ -95,6 +97,41 @@ def setup_distribution(devices: Optional[Sequence] = None) -> int:
         return 1
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
     return len(devices)
+
+
+#: Set to ``off`` to leave JAX's persistent compilation cache as JAX has it (off unless
+#: ``JAX_COMPILATION_CACHE_DIR`` names a directory).
+CACHE_ENV = "DEEP_NMT_COMPILATION_CACHE"
+
+
+def use_compilation_cache() -> Optional[str]:
+    """On JAX, keeps the compiled training steps across processes: JAX's persistent
+    compilation cache in ``$XDG_CACHE_HOME/deep_nmt_tf/jax_compilation_cache`` (default
+    ``~/.cache/...``) unless ``JAX_COMPILATION_CACHE_DIR`` already names one or
+    ``DEEP_NMT_COMPILATION_CACHE=off``; returns the directory in use (None: no cache, or
+    another backend).
+
+    Static shapes compile ``fit``'s step once per length bucket (or shape class:
+    ``training.shape_classes``), seconds to a minute each for a deep model; with the cache a
+    resumed run, and every run of an architecture already trained on the machine, loads them
+    instead (BENCHMARKS.md, "Compiles of fit's step on JAX").
+    """
+    if _backend() != "jax":
+        return None
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if current or os.environ.get(CACHE_ENV, "").lower() in ("off", "0", "false", "no"):
+        return current or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "deep_nmt_tf", "jax_compilation_cache")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:  # a read-only home: compile as before
+        logging.warning("No JAX compilation cache (%s): %s", directory, e)
+        return None
+    jax.config.update("jax_compilation_cache_dir", directory)
+    return directory
 
 
 def build_fit_model(config: Config):

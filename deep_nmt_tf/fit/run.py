@@ -13,7 +13,9 @@ The run:
 1. the saved config with ``overrides`` applied (training keys only: the model is the run
    directory's; :meth:`~deep_nmt_tf.run_dir.RunDir.save_config` refuses another) is checked
    for what fit cannot do (:func:`~deep_nmt_tf.fit.compiling.check_fit_config`);
-2. ``keras.distribution.DataParallel`` over several devices on JAX
+2. on JAX, the persistent compilation cache (:func:`~deep_nmt_tf.fit.compiling.
+   use_compilation_cache`: a resumed run loads its compiled steps), ``keras.distribution.
+   DataParallel`` over several devices
    (:func:`~deep_nmt_tf.fit.compiling.setup_distribution`), the seed, the model
    (:func:`~deep_nmt_tf.fit.compiling.build_fit_model`) and :func:`~deep_nmt_tf.fit.
    compiling.compile_model`;
@@ -102,6 +104,9 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     sha = (run_dir.metadata().get("vocab") or {}).get("sha256")
     train_ids = TokenIds.load(run_dir.token_file("train"), vocab_sha256=sha)
 
+    cache = compiling.use_compilation_cache()
+    if cache:
+        logging.info("Compiled steps cached in %s (%s=off: not)", cache, compiling.CACHE_ENV)
     replicas = compiling.setup_distribution()
     keras.utils.set_random_seed(t.seed)
     model = compiling.build_fit_model(config)
