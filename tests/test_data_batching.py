@@ -10,7 +10,7 @@ import pytest
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.batching import (EvalBatches, TokenBatches, bucket_batch_sizes,
-                                       bucket_upper_bounds, shape_classes)
+                                       bucket_upper_bounds, bucket_shapes)
 from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.data.token_ids import Detokenizer, TokenIds
 
@@ -89,12 +89,12 @@ def test_token_batches_respect_the_budget_and_the_length_limits(static_shapes):
 
 def test_shape_classes_group_neighbouring_buckets_into_their_largest_shape():
     bounds, sizes = [8, 10, 13, 16, 20], [50, 40, 30, 25, 20]
-    assert shape_classes(bounds, sizes, 0) == list(zip(sizes, bounds))  # one per bucket
-    assert shape_classes(bounds, sizes, 5) == shape_classes(bounds, sizes, 9) == list(
+    assert bucket_shapes(bounds, sizes, 0) == list(zip(sizes, bounds))  # one per bucket
+    assert bucket_shapes(bounds, sizes, 5) == bucket_shapes(bounds, sizes, 9) == list(
         zip(sizes, bounds))
-    assert shape_classes(bounds, sizes, 1) == [(50, 20)] * 5
+    assert bucket_shapes(bounds, sizes, 1) == [(50, 20)] * 5
     # 5 buckets in 2 classes: 2 + 3 (the longer ones get the extra bucket).
-    assert shape_classes(bounds, sizes, 2) == [(50, 10)] * 2 + [(30, 20)] * 3
+    assert bucket_shapes(bounds, sizes, 2) == [(50, 10)] * 2 + [(30, 20)] * 3
 
 
 def test_shape_classes_pad_the_same_batches_to_fewer_shapes_with_empty_rows():

@@ -54,26 +54,15 @@ def _without_xla(monkeypatch):
 def _experiment_here(args):
     """deep-nmt-experiment's ``main`` in this process (its flags parsed as on the command line);
     returns its log lines."""
-    import logging
-
     from absl import flags
 
     from deep_nmt_tf.tools import experiment as tool
+    from test_training_helpers import captured_logs
 
     flags.FLAGS.unparse_flags()
     argv = flags.FLAGS(["experiment", *args])
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with captured_logs() as messages:
         tool.main(argv)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return messages
 
 

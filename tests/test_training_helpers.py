@@ -6,6 +6,7 @@ checkpointing can be tested quickly and deterministically.  Helper scripts run i
 import this module (``sys.path`` gets ``tests/``).
 """
 
+import contextlib
 import itertools
 import os
 import sys
@@ -142,6 +143,25 @@ def optimizer_state(trainer):
 #: not (test_mirrored_strategy_matches_default takes 97 s beside a training, and passed 300 s
 #: when the suite's two workers and a training shared the cores).
 SUBPROCESS_TIMEOUT = 600
+
+
+@contextlib.contextmanager
+def captured_logs():
+    """The absl log messages (INFO and up) emitted inside the ``with`` block, as a list."""
+    import logging
+
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def run_python(code, env=None, timeout=SUBPROCESS_TIMEOUT):

@@ -1,9 +1,7 @@
 """deep-nmt-train (tools/train.py) end to end on the real data pipeline (synthetic corpus) and
 model, run as ``python -m deep_nmt_tf.tools.train``."""
 
-import contextlib
 import json
-import logging
 import os
 import pathlib
 import shutil
@@ -17,7 +15,7 @@ import tensorflow as tf
 import yaml
 
 from test_decoding_helpers import build_once
-from test_training_helpers import SUBPROCESS_TIMEOUT, run_tool, weights
+from test_training_helpers import SUBPROCESS_TIMEOUT, captured_logs, run_tool, weights
 
 _STACK = {"num_layers": 1, "num_heads": 2, "ffn_dim": 32, "norm": "pre"}
 TINY = {
@@ -33,22 +31,6 @@ TINY = {
                  "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 4, "seed": 3},
     "decoding": {"batch_size": 4, "max_length_a": 1.0, "max_length_b": 2},
 }
-
-@contextlib.contextmanager
-def _captured_logs():
-    messages = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("absl")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
 
 def _write_config(tmp_path, data=TINY):
     path = tmp_path / "tiny.yaml"
@@ -126,7 +108,7 @@ def test_train_tool_then_exact_resume_in_process(tmp_path, tmp_path_factory):
     runner = Runner(load_config(config_path, overrides), model_dir, checkpoint_iterator=True)
     resumed = runner.trainer
     assert int(resumed.step.numpy()) == 4
-    with _captured_logs() as messages:
+    with captured_logs() as messages:
         runner.run()
     assert any("Restored the training data iterator" in m for m in messages), messages
     runner = Runner(load_config(config_path, overrides), str(tmp_path / "straight"))

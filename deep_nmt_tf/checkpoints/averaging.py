@@ -84,14 +84,14 @@ def average_model_variables(model, checkpoints: Sequence[str]) -> None:
         format_of(path).restore_model(model, path)
         for i, v in enumerate(variables):
             if _is_float(v):
-                value = np.asarray(keras_value(v), np.float64)
+                value = np.asarray(_keras_value(v), np.float64)
                 sums[i] = value if sums[i] is None else sums[i] + value
     for v, total in zip(variables, sums):
         if total is not None:
             v.assign((total / len(checkpoints)).astype(_numpy_dtype(v)))
 
 
-def keras_value(variable) -> np.ndarray:
+def _keras_value(variable) -> np.ndarray:
     import keras
 
     return keras.ops.convert_to_numpy(variable.value)

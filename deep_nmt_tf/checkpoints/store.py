@@ -323,8 +323,8 @@ class CheckpointStore:
                 output_format: Optional[str] = None) -> str:
         """The average of the ``last`` newest checkpoints (or of ``checkpoints``) written as a
         new run directory (:func:`deep_nmt_tf.checkpoints.averaging.average_checkpoints`;
-        ``output_format``: its checkpoint's kind, default ``ckpt-N`` where TensorFlow is
-        installed, else a model-only ``.weights.h5``); returns the written checkpoint."""
+        ``output_format``: its checkpoint's kind, default ``ckpt-N`` on the TensorFlow
+        backend, else a model-only ``.weights.h5``); returns the written checkpoint."""
         from deep_nmt_tf.checkpoints.averaging import average_checkpoints
 
         return average_checkpoints(self.directory, output_dir, last=last,

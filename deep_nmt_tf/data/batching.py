@@ -24,7 +24,7 @@ Shapes.  With ``static_shapes`` (the default on JAX and PyTorch, and with
 to ``u`` as ``pad_to_bucket_boundary`` does, so a compiled step is traced once per bucket.
 Otherwise rows are padded to the longest pair of the batch.  ``shape_classes=K``
 (``training.shape_classes``) groups the buckets into at most ``K`` classes of neighbouring
-buckets (:func:`shape_classes`): a batch of any bucket of a class is padded to the class's
+buckets (:func:`bucket_shapes`): a batch of any bucket of a class is padded to the class's
 longest bound and, with rows that hold no token, to its largest batch size, so a compiled
 step is traced ``K`` times (each trace of a deep model's step costs seconds on a CPU and more
 on a GPU) at the price of computing on the padding.
@@ -60,7 +60,7 @@ from deep_nmt_tf.config import corpus_name
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.token_ids import TokenIds
 
-__all__ = ["bucket_upper_bounds", "bucket_batch_sizes", "shape_classes", "TokenBatches",
+__all__ = ["bucket_upper_bounds", "bucket_batch_sizes", "bucket_shapes", "TokenBatches",
            "EvalBatches"]
 
 _MIN_BUCKET_LENGTH = 8
@@ -103,7 +103,7 @@ def bucket_batch_sizes(upper_bounds: List[int], batch_tokens: int,
     return sizes
 
 
-def shape_classes(upper_bounds: Sequence[int], batch_sizes: Sequence[int], classes: int
+def bucket_shapes(upper_bounds: Sequence[int], batch_sizes: Sequence[int], classes: int
                   ) -> List[Tuple[int, int]]:
     """The padded shape ``(rows, width)`` of each bucket's batches when the buckets are grouped
     into at most ``classes`` classes of neighbouring buckets (``classes`` < 1 or at least the
@@ -125,14 +125,6 @@ def shape_classes(upper_bounds: Sequence[int], batch_sizes: Sequence[int], class
         shapes += [shape] * size
         start += size
     return shapes
-
-
-def shape_classes_of(upper_bounds, batch_sizes, classes: int, multiple: int = 1
-                     ) -> List[Tuple[int, int]]:
-    """:func:`shape_classes` with every row count a multiple of ``multiple`` (the devices
-    of ``DataParallel``; the bucket batch sizes already are)."""
-    return [(-(-rows // multiple) * multiple, width)
-            for rows, width in shape_classes(upper_bounds, batch_sizes, classes)]
 
 
 def _default_static_shapes(jit_compile: bool = False) -> bool:
@@ -268,8 +260,8 @@ class TokenBatches(_VariableShapes):
         self.seed = int(seed)
         self.static_shapes = (_default_static_shapes() if static_shapes is None
                               else bool(static_shapes))
-        self.shapes = shape_classes_of(self.bounds, self.batch_sizes, shape_classes,
-                                       batch_size_multiple)
+        # (The largest batch size of a group is a multiple of batch_size_multiple as they all are.)
+        self.shapes = bucket_shapes(self.bounds, self.batch_sizes, shape_classes)
         self._num_batches = int(num_batches)
         self._offset = int(start)
         self._plan: Dict[int, Tuple[int, np.ndarray]] = {}

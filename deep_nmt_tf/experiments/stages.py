@@ -83,6 +83,22 @@ ROUTES = ("custom", "fit")
 STOP_AFTER = ("preprocess", "train", "average")
 
 
+def _check_route(route: str, stop_after: Optional[str]) -> None:
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r}: expected one of {', '.join(ROUTES)}")
+    if stop_after not in (None,) + STOP_AFTER:
+        raise ValueError(f"stop_after={stop_after!r}: expected one of {', '.join(STOP_AFTER)}")
+
+
+def _write_token_ids(config, run_dir: str) -> None:
+    """``deep-nmt-preprocess``'s token ids of the train and dev splits, unless written."""
+    from deep_nmt_tf.data.preprocess import preprocess_run
+    from deep_nmt_tf.run_dir import RunDir
+
+    if not os.path.exists(RunDir(run_dir).token_file("train")):
+        preprocess_run(config, run_dir, ("train", "dev"))
+
+
 def _listed(run_dir: str) -> List[str]:
     from deep_nmt_tf.checkpoints import CheckpointStore
 
@@ -223,7 +239,6 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
     import keras
 
     from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointStore
-    from deep_nmt_tf.checkpoints.formats import format_of
     from deep_nmt_tf.run_dir import RunDir, checkpoint_step
 
     rd = RunDir(run_dir)
@@ -233,16 +248,15 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
     if _copied_after_average(run_dir, state, CheckpointStore(run_dir).list()):
         return
     if not os.path.exists(rd.token_file("train")):
+        log(f"{run.name}: writing the token ids (deep-nmt-preprocess)")
         try:
-            from deep_nmt_tf.data.preprocess import preprocess_run
+            _write_token_ids(config, run_dir)
         except ImportError as e:
             raise FileNotFoundError(
                 f"{rd.token_file('train')}: not found, and the token ids cannot be written here "
                 f"({e}): run deep-nmt-preprocess (or this suite with --stop_after=preprocess) "
                 f"where TensorFlow is installed and copy {run_dir} here") from None
-        log(f"{run.name}: writing the token ids (deep-nmt-preprocess)")
-        preprocess_run(config, run_dir, ("train", "dev"))
-    existing = [p for p in CheckpointStore(run_dir).list() if format_of(p).kind == KERAS_WEIGHTS]
+    existing = CheckpointStore(run_dir).list(kinds=[KERAS_WEIGHTS])
     done = checkpoint_step(existing[-1]) if existing else 0
     target = config.training.train_steps
     training = state.data.setdefault("training", {"seconds": 0.0, "cpu_seconds": 0.0})
@@ -261,9 +275,10 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
         log(f"{run.name}: training.grad_norm_ratio_every={config.training.grad_norm_ratio_every}"
             f" turned off: fit cannot compute the grad-norm ratio (this run has no r_t curve)")
         fit_overrides.append("training.grad_norm_ratio_every=0")
-    fit_overrides += [o for o in overrides if o.split("=", 1)[0].strip().startswith("training.")
-                      and o.split("=", 1)[0].strip() not in ("training.train_steps",
-                                                             "training.seed")]
+    for override in overrides:  # the training keys (fit refuses a changed model)
+        key = override.split("=", 1)[0].strip()
+        if key.startswith("training.") and key not in ("training.train_steps", "training.seed"):
+            fit_overrides.append(override)
     log(f"{run.name}: training with fit ({keras.backend.backend()}) from update {done} to "
         f"{target}")
     start = [time.perf_counter(), time.process_time()]
@@ -426,10 +441,7 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
             route: str = "custom", stop_after: Optional[str] = None) -> Optional[Dict]:
     """Trains, averages, decodes and scores one run (each stage skipped when done); returns
     its results.json entry (None when ``stop_after`` stopped it before decoding)."""
-    if route not in ROUTES:
-        raise ValueError(f"route={route!r}: expected one of {', '.join(ROUTES)}")
-    if stop_after not in (None,) + STOP_AFTER:
-        raise ValueError(f"stop_after={stop_after!r}: expected one of {', '.join(STOP_AFTER)}")
+    _check_route(route, stop_after)
     run_dir = os.path.join(output_dir, "runs", run.name)
     os.makedirs(run_dir, exist_ok=True)
     state = RunState(os.path.join(run_dir, "experiment.json"))
@@ -440,11 +452,7 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
         config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra +
                              [f"training.train_steps={steps}"])
     if stop_after == "preprocess":
-        from deep_nmt_tf.data.preprocess import preprocess_run
-        from deep_nmt_tf.run_dir import RunDir
-
-        if not os.path.exists(RunDir(run_dir).token_file("train")):
-            preprocess_run(config, run_dir, ("train", "dev"))
+        _write_token_ids(config, run_dir)
         return None
     if route == "fit":
         _train_fit(run, config, run_dir, state, log, overrides, max_train_minutes)
@@ -498,10 +506,7 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
       stop_after: ``"preprocess"``, ``"train"`` or ``"average"``: each run stops there (nothing
         decoded, scored or reported; module docstring); None: every stage.
     """
-    if route not in ROUTES:
-        raise ValueError(f"route={route!r}: expected one of {', '.join(ROUTES)}")
-    if stop_after not in (None,) + STOP_AFTER:
-        raise ValueError(f"stop_after={stop_after!r}: expected one of {', '.join(STOP_AFTER)}")
+    _check_route(route, stop_after)
     if max_train_minutes is not None and not max_train_minutes > 0:
         raise ValueError(f"max_train_minutes={max_train_minutes}: must be > 0")
     def split(name):
