@@ -56,7 +56,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
-            "pytest-xdist>=3.5",  # pytest.ini runs the suite on 2 worker processes
+            "pytest-xdist>=3.8",  # pytest.ini runs the suite on 2 worker processes
             "jax[cpu]>=0.4.30",
             # tests/test_notebooks.py runs examples/*.ipynb in a fresh kernel.
             "nbclient>=0.10",

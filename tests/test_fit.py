@@ -208,7 +208,11 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
                       env={"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
                            "XLA_FLAGS": f"{xla_flags} --xla_force_host_platform_device_count=2",
                            "XDG_CACHE_HOME": str(tmp_path / "cache"),
-                           "DEEP_NMT_COMPILATION_CACHE": "on"},
+                           "DEEP_NMT_COMPILATION_CACHE": "on",
+                           # JAX keeps only compilations of over 1 s by default, and this tiny
+                           # model's may take less on a quiet machine: keep every one, so
+                           # that the cache check below does not depend on the machine's load.
+                           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"},
                       timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
