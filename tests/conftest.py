@@ -66,10 +66,9 @@ FILE_SECONDS = {
 
 def _longest_files_first(items):
     """pytest.ini hands whole files to the two workers (``--dist loadfile``) in collection
-    order (``--no-loadscope-reorder``; xdist's own order, most tests first, left the slowest
-    files, single long tests, to the end, where one worker ran them while the other idled):
-    the longest files first, so that the short ones fill the end (longest processing time
-    first)."""
+    order (``--no-loadscope-reorder``; xdist's own order, most tests first, leaves the files
+    of single long tests to the end): the longest files first, so that the short ones fill
+    the end (longest processing time first)."""
     def seconds(item):
         return FILE_SECONDS.get(os.path.basename(item.nodeid.split("::")[0]), 0)
 
