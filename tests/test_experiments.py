@@ -70,16 +70,22 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 22
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 23
     for system in ("deep_post_deepnorm", "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
             f"{system}-seed{s}" for s in (1, 2, 3)]
     assert "deep_pre_30l" in names
+    assert "deep_post_deepnorm_lr1e-3" in names  # DeepNorm at a fifth of the peak rate
     assert "sentencepiece" in names  # the baseline with a SentencePiece vocabulary
-    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.config import config_to_dict, load_config
 
-    for run in runs:
-        load_config(run.config)  # every run's config loads
+    configs = {run.name: load_config(run.config) for run in runs}  # every run's config loads
+    # The low-rate DeepNorm probe differs from DeepNorm in its peak learning rate only.
+    low, deepnorm = (config_to_dict(configs[n]) for n in
+                     ("deep_post_deepnorm_lr1e-3", "deep_post_deepnorm-seed1"))
+    rates = [c["training"]["schedule"]["inverse_sqrt"].pop("learning_rate")
+             for c in (low, deepnorm)]
+    assert rates == [1e-3, 5e-3] and low == deepnorm
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.

@@ -225,7 +225,8 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     assert os.listdir(tmp_path / "cache" / "deep_nmt_tf" / "jax_compilation_cache")
 
     # deep-nmt-translate in this process (TensorFlow; its subprocess runs:
-    # tests/test_tools_translate_eval.py).
+    # tests/test_tools_translate_eval.py), in float32 as the search above: on a CPU with
+    # bfloat16 instructions the tool's default is bfloat16, whose ids may differ.
     from absl import flags
     from deep_nmt_tf.tools import translate as translate_tool
 
@@ -234,6 +235,6 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
     flags.FLAGS.unparse_flags()
     translate_tool.main(flags.FLAGS(["translate", f"--model_dir={run_dir}",
                                      f"--input={test_source}", f"--output={output}",
-                                     "--beam_size=1"]))
+                                     "--beam_size=1", "--precision=float32"]))
     assert output.read_text(encoding="utf-8").splitlines() == result["hyps"]
     assert any(h.strip() for h in result["hyps"])
