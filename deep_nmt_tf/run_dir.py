@@ -57,11 +57,11 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-import yaml
 from absl import logging
 
 from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to_dict,
                                 legacy, save_config)
+from deep_nmt_tf.config.loading import read_yaml_mapping
 
 __all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "SENTENCEPIECE_FILENAME",
            "DATA_DIRNAME",
@@ -399,8 +399,7 @@ class RunDir:
         path = self.config_path
         if not os.path.exists(path):
             return None
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+        data = read_yaml_mapping(path)[0]  # (damaged: a ConfigError naming the line)
         if legacy.is_legacy(data):  # written by deep_nmt_tf 0.1: the same run, new keys
             data, moved = legacy.upgrade(data)
             logging.info("%s: a config of deep_nmt_tf 0.1, read with the current keys (%d "

@@ -67,13 +67,15 @@ def test_export_tool_records_the_settings_it_chose_for_this_machine(tmp_path_fac
     main in this process; tests/test_export_ctranslate2.py runs it in its own.)"""
     import logging
 
+    from deep_nmt_tf.cli import model_width
     from deep_nmt_tf.hardware import fastest_inference_settings
     from deep_nmt_tf.tools import export as export_tool
     from test_robustness import _tool
 
-    chosen = fastest_inference_settings()
+    model_dir = trained_model_dir(tmp_path_factory)
+    chosen = fastest_inference_settings(d_model=model_width(model_dir))  # for this model
     with caplog.at_level(logging.INFO, logger="absl"):  # (--verbosity: parsing the flags
-        assert _tool(export_tool, f"--model_dir={trained_model_dir(tmp_path_factory)}",
+        assert _tool(export_tool, f"--model_dir={model_dir}",
                      f"--export_dir={tmp_path}", "--verbosity=0") == ""  # sets absl's level)
     logged = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("Inference settings: ") for m in logged) == 1, logged

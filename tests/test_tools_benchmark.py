@@ -60,3 +60,25 @@ def test_step_ops_mode_counts_a_config_file(tmp_path):
     assert sum(beam["by_part"].values()) == beam["total"]
     assert f"| **total** | **{greedy['total']}** | **{beam['total']}** |" in proc.stdout
     assert json.loads(out.read_text().splitlines()[-1])["step_ops"] == result["step_ops"]
+
+
+def test_decode_benchmark_takes_a_config_file(tmp_path):
+    """``--mode=decode --config=FILE`` (as ``configs/multi30k/deep_pre_dec1.yaml`` for the
+    deep-encoder, shallow-decoder table): the file's model, random weights, the shapes asked
+    for; in process (the tool adds the SavedModel, as for the presets)."""
+    from deep_nmt_tf.benchmark.decoding import _config, benchmark_decode
+    from deep_nmt_tf.models import build_model
+
+    model = dict(TINY["model"], decoder={"transformer": dict(TINY["model"]["decoder"][
+        "transformer"], num_layers=1)})
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({"model": model}))
+    result = benchmark_decode(config=str(config), modes=("greedy", "beam4"),
+                              paths=("translator",), batch_size=3, source_length=8, steps=4,
+                              vocab_size=50, repeats=1, jit_compile=False)
+    built = _config(str(config), 50, 1, 4)
+    assert built.model.decoder.get().num_layers == 1 and built.model.d_model == 16
+    assert result["params"] == build_model(built).count_params()
+    assert result["all_lengths_ok"] and result["steps"] == 4
+    assert set(result["results"]["translator"]) == {"greedy", "beam4"}
+    assert all(r["tokens"] == 3 * 4 for r in result["results"]["translator"].values())

@@ -20,11 +20,14 @@ derives the MFU; ``--unknown_shapes`` gives the step the ``[None, None]`` batche
 without ``training.static_shapes``.
 
 Decoding (``--mode=decode``, :func:`deep_nmt_tf.benchmark.decoding.benchmark_decode`): generated
-tokens/s of greedy and beam search with random weights at the peer benchmarks' shapes, in
-process and through an exported SavedModel; XLA with ``--jit_compile``; ``--precision=bfloat16``
-(or ``float16``) rounds the weights and runs the search in that precision::
+tokens/s of greedy and beam search with random weights at the peer benchmarks' shapes (batch
+32, source 32, exactly 32 steps, 8,000 words), in process and through an exported SavedModel;
+XLA with ``--jit_compile``; ``--precision=bfloat16`` (or ``float16``) rounds the weights and
+runs the search in that precision; ``--config`` takes presets or YAML files (a file's model at
+those shapes)::
 
     deep-nmt-benchmark --mode=decode --config=base --jit_compile [--precision=bfloat16]
+    deep-nmt-benchmark --mode=decode --config=configs/multi30k/deep_pre_dec1.yaml
 
 Ops per decoder step (``--mode=step_ops``, :func:`deep_nmt_tf.benchmark.decoding.step_ops`):
 the graph ops of one greedy and one beam-4 step of the plain-graph search, per decoder layer,

@@ -40,7 +40,7 @@ import tempfile
 import time
 from typing import Dict, Optional, Sequence
 
-from deep_nmt_tf.benchmark.presets import BASE_OVERRIDES, PRESETS, stacks
+from deep_nmt_tf.benchmark.presets import config_overrides, stacks
 
 __all__ = ["MODES", "benchmark_decode", "format_results", "step_ops", "benchmark_file",
            "format_file_results"]
@@ -49,16 +49,19 @@ MODES = {"greedy": 1, "beam4": 4}
 
 
 def _config(name: str, vocab_size: int, beam_size: int, steps: int):
-    """A training preset (the peers' shapes) without dropout, with decoding parameters that
-    generate exactly ``steps`` tokens."""
+    """A training preset (the peers' shapes) without dropout, or a YAML config's model, with
+    decoding parameters that generate exactly ``steps`` tokens."""
     from deep_nmt_tf.config import load_config
 
     decoding = [f"decoding.beam_size={beam_size}", "decoding.n_best=1",
                 "decoding.length_penalty=0.6", "decoding.max_length_a=0.0",
                 f"decoding.max_length_b={steps}", "decoding.batch_size=32",
                 "decoding.max_input_length=256"]
-    return load_config(None, BASE_OVERRIDES + PRESETS[name] + decoding + [
-        f"model.vocab_size={vocab_size}"] + stacks("input_dropout=0.0", "residual_dropout=0.0"))
+    path, overrides = config_overrides(name)
+    # (A file's dropouts stay as written: they do not act in the search.)
+    no_dropout = [] if path else stacks("input_dropout=0.0", "residual_dropout=0.0")
+    return load_config(path, overrides + decoding + [f"model.vocab_size={vocab_size}"] +
+                       no_dropout)
 
 
 def _synthetic_vocab(size: int):
@@ -92,7 +95,8 @@ def benchmark_decode(config: str = "base", modes: Sequence[str] = ("greedy", "be
     """Times greedy and beam search (see "Decoding" in the module docstring).
 
     Args:
-      config: ``small``, ``base`` or ``deep`` (peer benchmark sizes).
+      config: a preset (``small``, ``base``, ``deep``...: the peer benchmark sizes) or a YAML
+        config file (its model, random weights, ``vocab_size`` words).
       modes: subset of ``greedy``, ``beam4``.
       paths: subset of ``translator`` (in-process) and ``saved_model`` (exported, reloaded).
       batch_size, source_length, steps, vocab_size: benchmark shapes (peers: 32, 32, 32, 8000).
@@ -265,7 +269,10 @@ def benchmark_file(model_dir: str, input_path: str, reference_path: Optional[str
     from deep_nmt_tf.hardware import describe_machine, fastest_inference_settings
     from deep_nmt_tf.inference import Translator
 
-    settings = fastest_inference_settings(precision, jit_compile)
+    from deep_nmt_tf.cli import model_width
+
+    settings = fastest_inference_settings(precision, jit_compile,
+                                          d_model=model_width(model_dir, overrides))
     sentences = _read_text(input_path)
     references = _read_text(reference_path) if reference_path else None
     if references is not None and len(references) != len(sentences):

@@ -91,10 +91,14 @@ class Locator:
 # --------------------------------------------------------------------------------------------
 
 
-def _read_yaml(path: str, locator: Locator, seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
-    apath = os.path.abspath(path)
-    if apath in seen:
-        raise ConfigError(f"{path}: 'base' includes form a cycle: {' -> '.join(seen + (apath,))}")
+def read_yaml_mapping(path: str) -> Tuple[Dict[str, Any], str]:
+    """``(mapping, text)`` of the YAML config file ``path`` (an empty file: ``{}``), for a config
+    given to a tool and a run directory's saved ``config.yaml`` alike.
+
+    Raises:
+      ConfigError: unreadable, not UTF-8, not YAML or not a mapping; the message names the file
+        and, where known, the line.
+    """
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -116,6 +120,14 @@ def _read_yaml(path: str, locator: Locator, seen: Tuple[str, ...] = ()) -> Dict[
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: the top level must be a mapping of sections, "
                           f"got {type(data).__name__}")
+    return data, text
+
+
+def _read_yaml(path: str, locator: Locator, seen: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    apath = os.path.abspath(path)
+    if apath in seen:
+        raise ConfigError(f"{path}: 'base' includes form a cycle: {' -> '.join(seen + (apath,))}")
+    data, text = read_yaml_mapping(path)
     base = data.pop("base", None)
     merged: Dict[str, Any] = {}
     if base is not None:
