@@ -86,6 +86,14 @@ def test_the_multi30k_suite_resolves_every_run():
     rates = [c["training"]["schedule"]["inverse_sqrt"].pop("learning_rate")
              for c in (low, deepnorm)]
     assert rates == [1e-3, 5e-3] and low == deepnorm
+    # The shallow-decoder runs differ from deep_pre in the decoder's depth only.
+    deep_pre = config_to_dict(configs["deep_pre"])
+    for name, layers in (("deep_pre_dec2", 2), ("deep_pre_dec1", 1)):
+        shallow = config_to_dict(configs[name])
+        decoder = shallow["model"]["decoder"]["transformer"]
+        assert decoder["num_layers"] == layers
+        decoder["num_layers"] = 4
+        assert shallow == deep_pre, name
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.
