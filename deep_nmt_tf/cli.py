@@ -164,34 +164,17 @@ def parse_flags_with_compilation_cache(argv: Sequence[str]):
     return args
 
 
-def inference_settings(precision: Optional[str], jit_compile: Optional[bool],
-                       model_dir: Optional[str] = None, overrides: Sequence[str] = ()
+def inference_settings(precision: Optional[str], jit_compile: Optional[bool]
                        ) -> Tuple[str, bool, str]:
     """``--precision`` and ``--jit_compile`` of the inference tools: those given, the others
-    chosen for this machine and the run's model (its ``d_model``, read from ``model_dir``'s
-    config with ``overrides``) by :func:`deep_nmt_tf.hardware.fastest_inference_settings`,
-    which is logged once (INFO) when it chose anything.  Returns ``(precision, jit_compile,
+    chosen for this machine by :func:`deep_nmt_tf.hardware.fastest_inference_settings`, which
+    is logged once (INFO) when it chose anything.  Returns ``(precision, jit_compile,
     reason)``."""
-    settings = hardware.fastest_inference_settings(precision, jit_compile,
-                                                   d_model=model_width(model_dir, overrides))
+    settings = hardware.fastest_inference_settings(precision, jit_compile)
     if precision is None or jit_compile is None:
         absl_logging.info("Inference settings: %s (--precision and --jit_compile override)",
                           settings.reason)
     return settings.precision, settings.jit_compile, settings.reason
-
-
-def model_width(model_dir: Optional[str], overrides: Sequence[str] = ()) -> Optional[int]:
-    """``model.d_model`` of the run in ``model_dir`` (its ``config.yaml`` with ``overrides``), or
-    None where there is none to read: the tool's own loading then names the problem."""
-    if not model_dir:
-        return None
-    from deep_nmt_tf.config import ConfigError
-    from deep_nmt_tf.run_dir import RunDir
-
-    try:
-        return int(RunDir(model_dir).load_config(overrides).model.d_model)
-    except (ConfigError, OSError, ValueError):
-        return None
 
 
 def resume_command(drop: Sequence[str] = ()) -> str:

@@ -20,14 +20,11 @@ What decodes fastest depends on the CPU too (:func:`fastest_inference_settings`,
 ``--jit_compile`` is not given; BENCHMARKS.md "Decoding" and "The fastest path by default"):
 
 * a CPU with native bfloat16 instructions (``amx_bf16`` or ``avx512_bf16`` in
-  ``/proc/cpuinfo``): bfloat16 without XLA for a model of ``d_model`` 256 and more
-  (:data:`BF16_MIN_D_MODEL`).  TensorFlow's oneDNN kernels use those instructions; XLA's CPU
-  backend computes bfloat16 matmuls at about half their rate (AVX512-BF16, BENCHMARKS.md;
-  issue 31 reports 3-4x on AMX).  bfloat16's translation quality was measured on such machines
-  (BENCHMARKS.md "bfloat16: translation quality"); without native bfloat16 instructions it is
-  never chosen.  A narrower model (Multi30k's d_model 128) decodes faster in float32 with XLA
-  there too: its matmuls are too small for bfloat16's rate to outweigh XLA's fusion of the
-  step's many small ops (BENCHMARKS.md "The fastest path by default: the model's width");
+  ``/proc/cpuinfo``): bfloat16 without XLA.  TensorFlow's oneDNN kernels use those
+  instructions; XLA's CPU backend computes bfloat16 matmuls at about half their rate
+  (AVX512-BF16, BENCHMARKS.md; issue 31 reports 3-4x on AMX).
+  bfloat16's translation quality was measured on such machines (BENCHMARKS.md "bfloat16:
+  translation quality"); without native bfloat16 instructions it is never chosen;
 * any other CPU: float32 with XLA (beam 4 on an AVX2-only AMD Zen 3: 1.1-1.4x faster in
   process than the plain graph, greedy search alike; 1.3-1.5x on an AVX512-BF16 EPYC before
   issue 31's lean decoder step);
@@ -45,17 +42,10 @@ import platform
 from typing import Dict, FrozenSet, Optional
 
 __all__ = ["cpu_name", "cpu_feature_key", "cpu_flags", "describe_machine", "record_hardware",
-           "InferenceSettings", "fastest_inference_settings", "NATIVE_BF16_FLAGS",
-           "BF16_MIN_D_MODEL"]
+           "InferenceSettings", "fastest_inference_settings", "NATIVE_BF16_FLAGS"]
 
 #: ``/proc/cpuinfo`` flags of native bfloat16 matmul instructions (AMX, AVX-512 BF16).
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-
-#: The narrowest ``d_model`` for which bfloat16 without XLA is chosen on a CPU with native
-#: bfloat16 instructions: measured on an AVX512-BF16 Zen 4, d_model 256 decoded 9-12% faster
-#: that way than in float32 with XLA and 512 up to 42% faster, while at 128 float32 with XLA
-#: was 7-65% faster (BENCHMARKS.md "The fastest path by default: the model's width").
-BF16_MIN_D_MODEL = 256
 
 #: The ``/proc/cpuinfo`` fields (of the first processor) that decide what code a CPU runs:
 #: x86 (vendor, family, model, flags) and ARM (implementer, architecture, variant, part,
@@ -153,7 +143,6 @@ def _has_accelerator() -> bool:
 
 def fastest_inference_settings(precision: Optional[str] = None,
                                jit_compile: Optional[bool] = None, *,
-                               d_model: Optional[int] = None,
                                cpuinfo: Optional[str] = None,
                                accelerator: Optional[bool] = None) -> InferenceSettings:
     """The precision and XLA setting that decode fastest here (module docstring); a
@@ -162,8 +151,6 @@ def fastest_inference_settings(precision: Optional[str] = None,
     Args:
       precision: ``float32``, ``bfloat16``, ``float16``, or None to choose.
       jit_compile: True/False, or None to choose.
-      d_model: the model's width (``model.d_model``), or None when not known (the rule for
-        wide models).
       cpuinfo: ``/proc/cpuinfo`` text (default: this machine's).
       accelerator: whether TensorFlow sees a GPU or TPU (default: asked, which imports
         TensorFlow).
@@ -183,11 +170,8 @@ def fastest_inference_settings(precision: Optional[str] = None,
         device = f"a CPU without {' or '.join(NATIVE_BF16_FLAGS)}"
     given = [f"--precision={precision}" if precision is not None else "",
              f"--{'' if jit_compile else 'no'}jit_compile" if jit_compile is not None else ""]
-    narrow = d_model is not None and d_model < BF16_MIN_D_MODEL
-    if narrow and native and not accelerator:
-        device += f" and a d_model-{d_model} model (bfloat16 pays from {BF16_MIN_D_MODEL})"
     if precision is None:
-        precision = "bfloat16" if native and not accelerator and not narrow else "float32"
+        precision = "bfloat16" if native and not accelerator else "float32"
     if jit_compile is None:  # oneDNN's bfloat16 kernels beat XLA's CPU bfloat16 dots
         jit_compile = accelerator or precision != "bfloat16"
     chosen = f"{precision} {'with' if jit_compile else 'without'} XLA"

@@ -67,15 +67,13 @@ def test_export_tool_records_the_settings_it_chose_for_this_machine(tmp_path_fac
     main in this process; tests/test_export_ctranslate2.py runs it in its own.)"""
     import logging
 
-    from deep_nmt_tf.cli import model_width
     from deep_nmt_tf.hardware import fastest_inference_settings
     from deep_nmt_tf.tools import export as export_tool
     from test_robustness import _tool
 
-    model_dir = trained_model_dir(tmp_path_factory)
-    chosen = fastest_inference_settings(d_model=model_width(model_dir))  # for this model
+    chosen = fastest_inference_settings()
     with caplog.at_level(logging.INFO, logger="absl"):  # (--verbosity: parsing the flags
-        assert _tool(export_tool, f"--model_dir={model_dir}",
+        assert _tool(export_tool, f"--model_dir={trained_model_dir(tmp_path_factory)}",
                      f"--export_dir={tmp_path}", "--verbosity=0") == ""  # sets absl's level)
     logged = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("Inference settings: ") for m in logged) == 1, logged

@@ -45,55 +45,6 @@ def test_the_cpu_decides_precision_and_xla(cpuinfo, precision, jit_compile, name
     assert settings.reason.startswith(f"{precision} {'with' if jit_compile else 'without'} XLA")
 
 
-@pytest.mark.parametrize("d_model,precision,jit_compile", [
-    (128, "float32", True), (255, "float32", True), (256, "bfloat16", False),
-    (512, "bfloat16", False), (None, "bfloat16", False)])
-def test_a_narrow_model_keeps_float32_with_xla_on_a_bfloat16_cpu(d_model, precision, jit_compile):
-    """Below d_model 256, XLA's fused float32 step beats bfloat16's matmuls (BENCHMARKS.md)."""
-    settings = fastest_inference_settings(d_model=d_model, cpuinfo=ZEN4, accelerator=False)
-    assert (settings.precision, settings.jit_compile) == (precision, jit_compile)
-    assert ("a d_model-128 model (bfloat16 pays from 256)" in settings.reason) == (d_model == 128)
-    # Without native bfloat16 the width changes nothing; a precision given is kept.
-    assert fastest_inference_settings(d_model=512, cpuinfo=ZEN3, accelerator=False).precision \
-        == "float32"
-    given = fastest_inference_settings("bfloat16", d_model=d_model, cpuinfo=ZEN4,
-                                       accelerator=False)
-    assert (given.precision, given.jit_compile) == ("bfloat16", False)
-
-
-def test_the_tools_read_the_width_from_the_run(tmp_path, monkeypatch):
-    """cli.inference_settings reads ``model.d_model`` of the run (with --override); a missing
-    or broken run leaves the rule for wide models (the tool's own loading names the problem)."""
-    from deep_nmt_tf.config import config_from_dict, save_config
-
-    monkeypatch.setattr(hardware, "_this_cpu_flags", lambda: cpu_flags(ZEN4))
-    monkeypatch.setattr(hardware, "_has_accelerator", lambda: False)
-    run = tmp_path / "run"
-    run.mkdir()
-    save_config(config_from_dict({"model": {"d_model": 128}}), str(run / "config.yaml"))
-    assert cli.model_width(str(run)) == 128
-    assert cli.model_width(str(run), ["model.d_model=512"]) == 512
-    assert cli.inference_settings(None, None, str(run))[:2] == ("float32", True)
-    assert cli.inference_settings(None, None, str(run), ["model.d_model=256"])[:2] == (
-        "bfloat16", False)
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "config.yaml").write_text("model: [unclosed\n")
-    for missing in (None, str(tmp_path / "nothing"), str(tmp_path / "broken")):
-        assert cli.model_width(missing) is None
-        assert cli.inference_settings(None, None, missing)[:2] == ("bfloat16", False)
-    # What the tool then says (every tool reads the run's config through RunDir).
-    from deep_nmt_tf.config import ConfigError
-    from deep_nmt_tf.run_dir import RunDir
-
-    with pytest.raises(ConfigError, match=r"broken/config.yaml:2: invalid YAML: expected ',' "
-                                          r"or '\]'"):
-        RunDir(str(tmp_path / "broken")).load_config()
-    (tmp_path / "broken" / "config.yaml").write_text("- a list\n")
-    with pytest.raises(ConfigError, match=r"config.yaml:1: the top level must be a mapping of "
-                                          r"sections, got list"):
-        RunDir(str(tmp_path / "broken")).load_config()
-
-
 def test_a_gpu_gets_float32_with_xla():
     settings = fastest_inference_settings(cpuinfo=SAPPHIRE_RAPIDS, accelerator=True)
     assert (settings.precision, settings.jit_compile) == ("float32", True)

@@ -133,6 +133,18 @@ def test_load_config_of_a_directory_without_a_run(tmp_path):
     assert RunDir(str(tmp_path)).saved_config() is None
 
 
+def test_a_damaged_saved_config_names_its_file_and_line(tmp_path):
+    """A run's config.yaml that is no longer YAML, or not a mapping (a disk error, an edit gone
+    wrong): every tool reads it through RunDir and says what is wrong, where, not a traceback."""
+    (tmp_path / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"config.yaml:2: invalid YAML: expected ',' or '\]'"):
+        RunDir(str(tmp_path)).load_config()
+    (tmp_path / "config.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match=r"config.yaml:1: the top level must be a mapping of "
+                                          r"sections, got list"):
+        RunDir(str(tmp_path)).saved_config()
+
+
 def test_run_dir_does_not_import_tensorflow():
     code = ("import sys, deep_nmt_tf.run_dir as r; r.RunDir('x').has_config(); "
             "print('tensorflow' in sys.modules)")

@@ -245,8 +245,7 @@ def _evaluate_model() -> None:
     from deep_nmt_tf.checkpoints import CheckpointStore
     from deep_nmt_tf.inference import Translator
 
-    precision, jit_compile, _ = cli.inference_settings(FLAGS.precision, FLAGS.jit_compile,
-                                                     FLAGS.model_dir, FLAGS.override)
+    precision, jit_compile, _ = cli.inference_settings(FLAGS.precision, FLAGS.jit_compile)
     translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                            overrides=FLAGS.override,
                                            jit_compile=jit_compile,

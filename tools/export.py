@@ -65,8 +65,8 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.export.saved_model import export_model_dir
 
     try:
-        precision, jit_compile, reason = cli.inference_settings(
-            FLAGS.precision, FLAGS.jit_compile, FLAGS.model_dir, FLAGS.override)
+        precision, jit_compile, reason = cli.inference_settings(FLAGS.precision,
+                                                                FLAGS.jit_compile)
         path = export_model_dir(FLAGS.model_dir, FLAGS.export_dir, checkpoint=FLAGS.checkpoint,
                                 version=FLAGS.version, overrides=FLAGS.override,
                                 jit_compile=jit_compile, overwrite=FLAGS.overwrite,

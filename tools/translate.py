@@ -164,8 +164,7 @@ def main(argv: Sequence[str]) -> None:
                                  if e.limit_key else f"--{e.key}: {e.reason}") from None
     try:
         check_output_path("output", FLAGS.output)  # Before loading the model.
-        precision, jit_compile, _ = cli.inference_settings(FLAGS.precision, FLAGS.jit_compile,
-                                                         FLAGS.model_dir, FLAGS.override)
+        precision, jit_compile, _ = cli.inference_settings(FLAGS.precision, FLAGS.jit_compile)
         translator = Translator.from_model_dir(FLAGS.model_dir, checkpoint=FLAGS.checkpoint,
                                                overrides=FLAGS.override,
                                                jit_compile=jit_compile,

@@ -269,10 +269,7 @@ def benchmark_file(model_dir: str, input_path: str, reference_path: Optional[str
     from deep_nmt_tf.hardware import describe_machine, fastest_inference_settings
     from deep_nmt_tf.inference import Translator
 
-    from deep_nmt_tf.cli import model_width
-
-    settings = fastest_inference_settings(precision, jit_compile,
-                                          d_model=model_width(model_dir, overrides))
+    settings = fastest_inference_settings(precision, jit_compile)
     sentences = _read_text(input_path)
     references = _read_text(reference_path) if reference_path else None
     if references is not None and len(references) != len(sentences):
