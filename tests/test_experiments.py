@@ -186,9 +186,10 @@ def test_the_machine_is_named_by_family_and_model_and_a_resume_elsewhere_is_reco
 
 
 def test_a_run_directory_of_another_seed_is_refused(tmp_path):
-    """``--seeds=2`` for a run named without ``-seedN`` would resume (or re-score) the seed-1
-    run in the same directory: refused, naming both seeds, whether the seed is known from the
-    tool's record or from the config of a run adopted from deep-nmt-train."""
+    """A run directory trained with another seed than its planned run's (adopted from
+    deep-nmt-train, or a suite file's seed changed) is refused, naming both seeds, whether the
+    seed is known from the tool's record or from the run directory's config.  ``--seeds=2``
+    names a new directory for a run the suite file gives seed 1 alone."""
     from deep_nmt_tf.config import load_config
     from deep_nmt_tf.experiments.stages import _check_seed
     from deep_nmt_tf.experiments.state import RunState as _State
@@ -198,13 +199,19 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
         return RunDir(str(run_dir)).saved_config()
 
     suite = load_suite(SUITE)
-    run = planned_runs(suite, only=["baseline"], seeds=[2])[0]
-    assert run.name == "baseline" and run.seed == 2
+    assert [(r.name, r.seed) for r in planned_runs(suite, only=["baseline"], seeds=[2])] == [
+        ("baseline-seed2", 2)]
+    assert [(r.name, r.seed) for r in planned_runs(suite, only=["baseline"], seeds=[1, 3])] == [
+        ("baseline", 1), ("baseline-seed3", 3)]  # seed 1 is the suite's run: its directory
+    assert [r.name for r in planned_runs(suite, only=["deep_post"], seeds=[2])] == [
+        "deep_post-seed2"]  # the suite file gives deep_post two seeds: always NAME-seedN
+    run = dataclasses.replace(planned_runs(suite, only=["baseline"])[0], seed=2)
     recorded = tmp_path / "recorded"
     recorded.mkdir()
     (recorded / "experiment.json").write_text(json.dumps({"training": {"seed": 1}}))
     state = _State(str(recorded / "experiment.json"))
-    with pytest.raises(ValueError, match=r"training.seed=1, but seed 2 .*baseline-seed1"):
+    with pytest.raises(ValueError, match=r"training.seed=1, but seed 2 .*baseline-seed1 "
+                       r"\(--seeds=1 names"):
         _check_seed(run, None, str(recorded), state)
     adopted = tmp_path / "adopted"
     RunDir(str(adopted)).write_config(load_config(None, [

@@ -72,7 +72,9 @@ define_flags([
     (flags.DEFINE_string, "output_dir", None, "Where runs, results and figures go."),
     (flags.DEFINE_list, "only", [], "Only these runs: a run of the suite file (all its seeds) "
                                     "or one seed of it by name, e.g. deep_post-seed1."),
-    (flags.DEFINE_list, "seeds", [], "Seeds instead of the suite's (integers)."),
+    (flags.DEFINE_list, "seeds", [], "Seeds instead of the suite's (integers); a run keeps "
+                                     "its plain name for the one seed the suite file gives "
+                                     "it, every other seed is NAME-seedN."),
     (flags.DEFINE_integer, "max_steps", None, "Cap every run's training.train_steps."),
     (flags.DEFINE_float, "max_train_minutes", None,
      "Stop each run's training when its clock (summed over resumes) reaches this many "

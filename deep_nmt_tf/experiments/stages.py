@@ -111,8 +111,9 @@ def _listed(run_dir: str) -> List[str]:
 
 
 def _check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:
-    """Refuses a run directory trained with another seed (a run named without ``-seedN``, asked
-    for another seed with ``--seeds``): resuming it would label one seed's model as another's.
+    """Refuses a run directory trained with another seed (a directory adopted from
+    deep-nmt-train, or a suite file whose seed changed): resuming it would label one seed's
+    model as another's.
     ``saved`` is the run directory's saved config (None for a new run)."""
     seed = state.data.get("training", {}).get("seed")
     if seed is None:
@@ -120,9 +121,8 @@ def _check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:
     if seed is not None and int(seed) != run.seed:
         raise ValueError(
             f"{run_dir} holds {run.name!r} trained with training.seed={seed}, but seed "
-            f"{run.seed} was asked for: give another --output_dir, or several seeds "
-            f"(--seeds={seed},{run.seed} names the runs {run.base}-seed{seed}, "
-            f"{run.base}-seed{run.seed})")
+            f"{run.seed} was asked for: give another --output_dir, or rename the directory "
+            f"{run.base}-seed{seed} (--seeds={seed} names seed {seed}'s run so)")
 
 
 #: Keys a run's recipe may change between invocations of the tool: declared

@@ -150,12 +150,19 @@ def planned_runs(suite: Suite, only: Sequence[str] = (),
                  seeds: Sequence[int] = ()) -> List[PlannedRun]:
     """The suite's runs (``seeds`` instead of the suite's).  ``only`` keeps those named: a
     suite run's name (every seed of it) or a planned run's name (``deep_post-seed1``: that
-    seed alone)."""
+    seed alone).
+
+    A run keeps its plain name for its own seed when the suite file gives it one seed; every
+    other seed is ``NAME-seedN``, so ``--seeds=2`` adds ``baseline-seed2`` beside an existing
+    ``baseline`` (seed 1) instead of asking for its directory, and ``--seeds=1,2`` reuses
+    ``baseline`` for seed 1.  A run the file gives several seeds is ``NAME-seedN`` for each.
+    """
     out = []
     for run in suite.runs:
-        run_seeds = list(seeds or run.seeds or suite.seeds)
-        for seed in run_seeds:
-            name = run.name if len(run_seeds) == 1 else f"{run.name}-seed{seed}"
+        own = list(run.seeds or suite.seeds)
+        for seed in list(seeds or own):
+            plain = len(own) == 1 and seed == own[0]
+            name = run.name if plain else f"{run.name}-seed{seed}"
             out.append(PlannedRun(name, run.name,
                                   os.path.join(os.path.dirname(suite.path), run.config), seed,
                                   tuple(run.overrides),
