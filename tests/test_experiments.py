@@ -70,8 +70,9 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 23
-    for system in ("deep_post_deepnorm", "deep_post_admin"):  # three seeds (issue 35)
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 25
+    for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
+                   "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
             f"{system}-seed{s}" for s in (1, 2, 3)]
     assert "deep_pre_30l" in names
@@ -98,7 +99,7 @@ def test_the_multi30k_suite_resolves_every_run():
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.
     assert [r.name for r in planned_runs(suite, only=["deep_post"])] == [
-        "deep_post-seed1", "deep_post-seed2"]
+        "deep_post-seed1", "deep_post-seed2", "deep_post-seed3"]
     picked = planned_runs(suite, only=["deep_post_transparent-seed1", "baseline"])
     assert [(r.name, r.seed) for r in picked] == [("baseline", 1),
                                                    ("deep_post_transparent-seed1", 1)]
