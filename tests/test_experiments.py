@@ -205,7 +205,7 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     assert [(r.name, r.seed) for r in planned_runs(suite, only=["baseline"], seeds=[1, 3])] == [
         ("baseline", 1), ("baseline-seed3", 3)]  # seed 1 is the suite's run: its directory
     assert [r.name for r in planned_runs(suite, only=["deep_post"], seeds=[2])] == [
-        "deep_post-seed2"]  # the suite file gives deep_post two seeds: always NAME-seedN
+        "deep_post-seed2"]  # the suite file gives deep_post several seeds: NAME-seedN
     run = dataclasses.replace(planned_runs(suite, only=["baseline"])[0], seed=2)
     recorded = tmp_path / "recorded"
     recorded.mkdir()
