@@ -267,7 +267,7 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path, monkey
     _experiment_here(args)
     results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
     entry = results["baseline"]
-    assert set(entry) == {"test2016", "again", *RESERVED_KEYS}
+    assert set(entry) == {"test2016", "again", *RESERVED_KEYS} - {"archive"}  # no archive
     for test in ("test2016", "again"):
         assert set(entry[test]) == {"bleu", "bleu_lc", "chrf"}
         assert 0.0 < entry[test]["chrf"] <= 100.0 and entry[test]["bleu_lc"] >= entry[test]["bleu"]
@@ -768,3 +768,103 @@ def test_a_run_trained_with_fit_and_averaged_elsewhere_is_scored_here_not_retrai
     assert 0.0 <= entry["test2016"]["bleu"] <= 100.0
     assert len(open(os.path.join(copy, "runs", "baseline", "test2016.hyp"),
                     encoding="utf-8").readlines()) == 5
+
+
+def test_a_results_archive_keeps_scored_runs_beyond_their_machine(tmp_path, monkeypatch):
+    """--archive_dir: the scored runs of one output directory are archived; with that output
+    directory gone (a lost machine), another one gets them back from the archive, in results,
+    seed statistics and paired tests, and trains none of them again."""
+    from deep_nmt_tf.experiments import stages
+    from deep_nmt_tf.experiments.archive import RECORD, Archive
+
+    runs = {"baseline-seed1": (1, WEAK), "baseline-seed2": (2, WEAK[:-1] + [REFS[-1]]),
+            "deep_pre-seed1": (1, REFS), "deep_pre-seed2": (2, REFS[:-1] + [WEAK[-1]])}
+    suite, results, out, refs = _suite_on_disk(tmp_path, runs)
+    for name in runs:  # scored by the tool: each run directory has its experiment.json
+        (tmp_path / "out" / "runs" / name / "experiment.json").write_text("{}")
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f)
+    for split in ("train", "valid"):
+        for side in ("en", "de"):
+            (tmp_path / f"{split}.{side}").write_text("a\n", encoding="utf-8")
+    (tmp_path / "test2016.en").write_text("a\n" * len(REFS), encoding="utf-8")
+    monkeypatch.setattr(stages, "figures", lambda *args: [])
+    trained = []
+
+    def fake_run_one(run, *args, **kwargs):
+        trained.append(run.name)
+        return results.get(run.name)  # "other": never scored (as if stopped after training)
+
+    monkeypatch.setattr(stages, "run_one", fake_run_one)
+    archive_dir = str(tmp_path / "repo" / "results")
+    first = stages.run_suite(suite, str(tmp_path), out, only=["baseline"],
+                             archive_dir=archive_dir, log=lambda m: None)
+    assert trained == ["baseline-seed1", "baseline-seed2"]
+    archive = Archive(archive_dir, suite.name, refs)
+    assert archive.runs() == sorted(runs)  # the runs scored before this invocation too
+    record = json.load(open(os.path.join(archive_dir, "deep_pre-seed2", RECORD), encoding="utf-8"))
+    assert record["entry"] == results["deep_pre-seed2"] and record["suite"] == suite.name
+    assert open(os.path.join(archive_dir, "deep_pre-seed2", "test2016.hyp"),
+                encoding="utf-8").read().splitlines() == runs["deep_pre-seed2"][1]
+    assert not archive.store("deep_pre-seed2", results["deep_pre-seed2"],
+                             os.path.join(out, "runs", "deep_pre-seed2"))  # current: kept
+    # The machine is lost: a new output directory, the archive only.
+    import shutil
+
+    shutil.rmtree(out)
+    trained.clear()
+    from deep_nmt_tf.experiments import report
+
+    monkeypatch.setattr(stages, "figures", report.figures)  # no run directory: none drawn
+    messages = []
+    again = stages.run_suite(suite, str(tmp_path), str(tmp_path / "new"),
+                             archive_dir=archive_dir, log=messages.append)
+    assert trained == ["other"]  # the one run never scored; the archived ones are taken
+    assert sum("taken from the archive" in m for m in messages) == 4
+    assert again["deep_pre-seed1"]["archive"]["dir"] == os.path.join(
+        os.path.abspath(archive_dir), "deep_pre-seed1")
+    assert again["systems"]["deep_pre"]["seeds"] == [1, 2]
+    by_key = {(c["system"], c["reference"], c["metric"]): c for c in again["comparisons"]}
+    before = {(c["system"], c["reference"], c["metric"]): c for c in first["comparisons"]}
+    assert by_key["deep_pre", "baseline", "bleu_lc"]["delta"] == pytest.approx(
+        before["deep_pre", "baseline", "bleu_lc"]["delta"])
+    assert len(by_key["deep_pre", "baseline", "bleu_lc"]["pairs"]) == 2
+    table = open(os.path.join(tmp_path / "new", "results.md"), encoding="utf-8").read()
+    assert "From the results archive" in table and "deep_pre-seed2" in table
+    # A changed translation file or another reference: that test is dropped, with the reason.
+    with open(os.path.join(archive_dir, "baseline-seed1", "test2016.hyp"), "a",
+              encoding="utf-8") as f:
+        f.write("extra\n")
+    said = []
+    assert "test2016" not in Archive(archive_dir, suite.name, refs, said.append).entry(
+        "baseline-seed1")
+    assert "missing or changed" in said[0]
+    other_ref = tmp_path / "other.de"
+    other_ref.write_text("x\n", encoding="utf-8")
+    said.clear()
+    entry = Archive(archive_dir, suite.name, {"test2016": str(other_ref)}, said.append).entry(
+        "deep_pre-seed1")
+    assert "test2016" not in entry and "another reference file" in said[0]
+    # A record of another suite is refused, naming its file.
+    with pytest.raises(ValueError, match=r"deep_pre-seed1/record.json: a record of the suite"):
+        Archive(archive_dir, "tatoeba", refs).entry("deep_pre-seed1")
+
+
+def test_an_archived_run_of_another_recipe_is_refused(tmp_path):
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.config.loading import save_config
+    from deep_nmt_tf.experiments import stages
+    from deep_nmt_tf.experiments.archive import Archive
+    from deep_nmt_tf.experiments.suite import planned_runs
+
+    suite = load_suite(SUITE)
+    run = [r for r in planned_runs(suite, ["baseline"], ()) if r.name == "baseline"][0]
+    archive = Archive(str(tmp_path / "archive"), suite.name, {})
+    os.makedirs(archive.run_dir("baseline"))
+    save_config(load_config(run.config, ["training.label_smoothing=0.2"]),
+                os.path.join(archive.run_dir("baseline"), "config.yaml"))
+    with pytest.raises(ValueError, match=r"another recipe .*training.label_smoothing"):
+        stages._check_archived_recipe(run, archive, [f"training.seed={run.seed}"])
+    save_config(load_config(run.config, [f"training.seed={run.seed}"]),
+                os.path.join(archive.run_dir("baseline"), "config.yaml"))
+    stages._check_archived_recipe(run, archive, [f"training.seed={run.seed}"])  # the same

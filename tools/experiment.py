@@ -42,6 +42,14 @@ Training on a GPU machine with only JAX (no TensorFlow), scoring here::
     # copy runs/<run>/ back without its ckpt-*.weights.h5, then, here, the same command as above
     # without --stop_after: the run is decoded and scored, neither retrained nor re-averaged.
 
+``--archive_dir=DIR`` keeps a results archive (:mod:`deep_nmt_tf.experiments.archive`): each
+scored run's results.json entry, translations, config and training curves, about 100 kB a
+run, in a directory that outlives the machine (this repository keeps its suites' archives in
+``docs/results/<suite>/``).  Every scored run of OUTPUT_DIR is archived (when its record
+changed); the archived runs OUTPUT_DIR lacks join results.json, the seed statistics and the
+paired tests; a run found in the archive is not trained again (delete ``DIR/<run>`` to train
+it again; a changed recipe is refused).
+
 ``--route=fit`` trains with Keras ``fit`` (the grad-norm ratio is off: no r_t curve for such a
 run); ``experiment.json`` records the route, the backend and the accelerator.
 
@@ -87,6 +95,10 @@ define_flags([
     (flags.DEFINE_enum, "route", "custom", ["custom", "fit"],
      "How runs train: the custom loop (TensorFlow), or Keras fit on the current backend "
      "(KERAS_BACKEND=jax on a machine with only JAX and a GPU)."),
+    (flags.DEFINE_string, "archive_dir", None,
+     "A results archive (e.g. docs/results/multi30k): every scored run's entry, "
+     "translations, config and curves are kept there, the archived runs join the report "
+     "and are not trained again."),
     (flags.DEFINE_enum, "stop_after", None, ["preprocess", "train", "average"],
      "Stop each run after this stage (e.g. preprocess here, train and average with "
      "--route=fit on a GPU machine, then run again here to decode and score)."),
@@ -141,7 +153,7 @@ def main(argv: Sequence[str]) -> None:
                             seeds=seeds, max_steps=FLAGS.max_steps, extra_tests=extra,
                             overrides=FLAGS.override,
                             max_train_minutes=FLAGS.max_train_minutes, route=FLAGS.route,
-                            stop_after=FLAGS.stop_after)
+                            stop_after=FLAGS.stop_after, archive_dir=FLAGS.archive_dir)
     except (ConfigError, DataError, FileNotFoundError, ValueError, RunLockError) as e:
         _fail(str(e))
     except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved

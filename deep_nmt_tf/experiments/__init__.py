@@ -10,7 +10,9 @@ scored, with the papers' figures:
   :func:`run_suite`);
 * :mod:`.statistics`: each system's scores over its seeds and its paired bootstrap
   comparisons with the reference systems (results.json's ``systems`` and ``comparisons``);
-* :mod:`.report`: ``results.json``, ``results.md`` and ``figures/``.
+* :mod:`.report`: ``results.json``, ``results.md`` and ``figures/``;
+* :mod:`.archive`: a results archive that keeps each scored run's entry, translations and
+  curves beyond its machine (``--archive_dir``).
 
 Nothing in the core package imports this one (a test checks); scores come from
 :func:`deep_nmt_tf.decoding.scoring.table_scores`.

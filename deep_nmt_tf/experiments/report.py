@@ -100,6 +100,13 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
             machines.setdefault(r["training"]["hardware"], []).append(name)
     if machines:  # wall times are comparable only between runs on the same machine
         lines += [""] + [f"Trained on {hw}: {', '.join(names)}." for hw, names in machines.items()]
+    archives: Dict[str, List[str]] = {}
+    for name, r in results.items():
+        if "archive" in r:
+            archives.setdefault(os.path.dirname(r["archive"]["dir"]), []).append(name)
+    if archives:
+        lines += [""] + [f"From the results archive {d} (no run directory here): "
+                         f"{', '.join(names)}." for d, names in archives.items()]
     if report.get("systems"):
         lines += ["", seed_table(report["systems"], tests).rstrip("\n")]
     if report.get("comparisons"):
@@ -113,6 +120,10 @@ def figures(suite: Suite, runs: List[PlannedRun], output_dir: str, test: Tuple[s
     from deep_nmt_tf.analysis.probe import probe_models, save_results
 
     figures_dir = os.path.join(output_dir, "figures")
+    # The runs with a run directory here (not those taken from a results archive).
+    runs = [r for r in runs if os.path.isdir(os.path.join(output_dir, "runs", r.name))]
+    if not runs:
+        return []
     directory = {r.name: os.path.join(output_dir, "runs", r.name) for r in runs}
     by_base = {}
     for r in runs:

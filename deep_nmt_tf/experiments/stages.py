@@ -53,6 +53,11 @@ A run directory whose ``experiment.json`` records the training done and an avera
 ``averaged/`` present but none of the averaged checkpoints, is such a copy: neither trained nor
 averaged again.
 
+With a results archive (``archive_dir``, :mod:`.archive`) every scored run's entry,
+translations, config and curves are also kept there (a directory that outlives the machine,
+e.g. in the repository); the archived runs join the report, and a run found in the archive is
+not trained again.
+
 Each run directory is locked while its run works (:mod:`deep_nmt_tf.run_lock`): a second suite,
 or a ``deep-nmt-train``, on the same run is refused naming the process that has it.
 """
@@ -69,6 +74,7 @@ from absl import logging
 from deep_nmt_tf import run_lock
 from deep_nmt_tf.config import Config, load_config, operational_keys
 from deep_nmt_tf.decoding.scoring import table_scores
+from deep_nmt_tf.experiments.archive import Archive
 from deep_nmt_tf.experiments.report import figures, write_results
 from deep_nmt_tf.experiments.state import RunState, read_lines, write_lines
 from deep_nmt_tf.experiments.statistics import update_report
@@ -132,7 +138,8 @@ def _check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:
 _OPERATIONAL_KEYS = frozenset(operational_keys(Config))
 
 
-def _check_recipe(run: PlannedRun, config, saved, run_dir: str) -> None:
+def _check_recipe(run: PlannedRun, config, saved, run_dir: str, remedy: str = "Move that run "
+                  "directory aside (or give another --output_dir) to train the new recipe"):
     """Refuses to resume (or re-score) a run directory trained with another recipe: a changed
     schedule, optimiser, batch, precision or data setting would leave results that no recipe
     file describes.  ``data.vocab`` (a path) is not compared; the vocabulary's identity is.
@@ -146,8 +153,7 @@ def _check_recipe(run: PlannedRun, config, saved, run_dir: str) -> None:
     if changed:
         raise ValueError(
             f"{run_dir} holds {run.name!r} trained with another recipe than {run.config}: "
-            f"{', '.join(changed)} differ. Move that run directory aside (or give another "
-            f"--output_dir) to train the new recipe, or restore these keys")
+            f"{', '.join(changed)} differ. {remedy}, or restore these keys")
 
 
 def _train(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable,
@@ -480,12 +486,25 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
 # --------------------------------------------------------------------------------------------
 
 
+def _check_archived_recipe(run: PlannedRun, archive: Archive, overrides: Sequence[str]) -> None:
+    """Refuses an archived run whose recipe is not the suite's now (as :func:`_check_recipe`
+    refuses a run directory's); a record archived without its config is not checked."""
+    from deep_nmt_tf.run_dir import RunDir
+
+    saved = RunDir(archive.run_dir(run.name)).saved_config()
+    if saved is not None:
+        _check_recipe(run, load_config(run.config, overrides), saved, archive.run_dir(run.name),
+                      "Delete that archived run (or give another --archive_dir) to train the "
+                      "new recipe")
+
+
 def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] = (),
               seeds: Sequence[int] = (), max_steps: Optional[int] = None,
               extra_tests: Sequence[Tuple[str, str, str]] = (),
               overrides: Sequence[str] = (), log: Callable = logging.info,
               max_train_minutes: Optional[float] = None, route: str = "custom",
-              stop_after: Optional[str] = None) -> Dict[str, Dict]:
+              stop_after: Optional[str] = None,
+              archive_dir: Optional[str] = None) -> Dict[str, Dict]:
     """Runs the suite (module docstring); returns and writes ``results.json``.
 
     Args:
@@ -505,6 +524,8 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
         current backend; module docstring).
       stop_after: ``"preprocess"``, ``"train"`` or ``"average"``: each run stops there (nothing
         decoded, scored or reported; module docstring); None: every stage.
+      archive_dir: a results archive (:mod:`.archive`): every scored run is archived there,
+        the archived runs join the report, and an archived run is not trained again.
     """
     _check_route(route, stop_after)
     if max_train_minutes is not None and not max_train_minutes > 0:
@@ -540,15 +561,33 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
     if os.path.exists(results_path):
         with open(results_path, encoding="utf-8") as f:
             results = json.load(f)
+    archive = None
+    if archive_dir:
+        archive = Archive(archive_dir, suite.name,
+                          {name: ref for name, (_, ref) in tests.items()}, log)
+        archive.sync(results, output_dir)
     for run in runs:  # Each run directory has one writer (deep_nmt_tf.run_lock).
+        if archive is not None and run.name in archive and (
+                run.name not in results or "archive" in results[run.name]):
+            _check_archived_recipe(run, archive, data_overrides + list(run.overrides) + [
+                f"training.seed={run.seed}"] + list(overrides))
+            log(f"{run.name}: taken from the archive {archive.run_dir(run.name)}, not trained "
+                "again (delete that directory to train it again)")
+            continue
         with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
             entry = run_one(run, suite, data_overrides, dev, tests, output_dir, max_steps,
                             overrides, log, max_train_minutes, route=route, stop_after=stop_after)
         if entry is None:  # stop_after: nothing decoded or scored
             continue
         results[run.name] = entry
+        if archive is not None:
+            archive.store(run.name, entry, os.path.join(output_dir, "runs", run.name))
         # Every system's seed statistics and comparisons, from every run on disk (not only
         # those of this invocation): a pair tested before is reused.
+        update_report(suite, results, {name: ref for name, (_, ref) in tests.items()},
+                      output_dir, log)
+        write_results(results, results_path, list(tests), output_dir)
+    if archive is not None and results:  # the archived runs in the report, even when none ran
         update_report(suite, results, {name: ref for name, (_, ref) in tests.items()},
                       output_dir, log)
         write_results(results, results_path, list(tests), output_dir)

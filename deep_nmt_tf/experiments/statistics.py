@@ -1,6 +1,7 @@
 """How sure a suite's differences are: ``results.json``'s ``systems`` (each system's scores over
 its seeds) and ``comparisons`` (paired bootstrap tests against the reference systems), rebuilt
-from what is on disk (the runs' entries in results.json and their ``<test>.hyp`` files) every
+from what is on disk (the runs' entries in results.json and their ``<test>.hyp`` files, in the
+run directories or, for a run taken from a results archive, in the archive, :mod:`.archive`) every
 time the tool writes its report, so a re-scoring retrains nothing and ``--only`` keeps every
 other system's figures.
 
@@ -113,7 +114,8 @@ def _read(path: str, cache: Dict[str, Tuple[str, List[str]]]) -> Tuple[str, List
 
 def compare_systems(suite: Suite, systems: Mapping[str, Dict], references: Mapping[str, str],
                     output_dir: str, previous: Sequence[Dict] = (), log: Callable = print,
-                    n_samples: int = N_SAMPLES) -> List[Dict]:
+                    n_samples: int = N_SAMPLES,
+                    hyp_dirs: Optional[Mapping[str, str]] = None) -> List[Dict]:
     """``comparisons`` of results.json (module docstring).
 
     Args:
@@ -123,6 +125,8 @@ def compare_systems(suite: Suite, systems: Mapping[str, Dict], references: Mappi
       output_dir: holds ``runs/<run>/<test>.hyp``.
       previous: the comparisons written before (pairs with the same inputs are reused).
       log: says which comparisons cannot be made (a missing file, another sentence count).
+      hyp_dirs: run -> another directory of its ``<test>.hyp`` files, read when
+        ``output_dir/runs/<run>/`` has none (a run taken from a results archive).
     """
     reused = {p["inputs_sha256"]: p for c in previous for p in c.get("pairs", ())
               if "inputs_sha256" in p}
@@ -131,6 +135,8 @@ def compare_systems(suite: Suite, systems: Mapping[str, Dict], references: Mappi
 
     def hypotheses(run: str, test: str) -> Optional[Tuple[str, List[str]]]:
         path = os.path.join(output_dir, "runs", run, f"{test}.hyp")
+        if not os.path.isfile(path) and run in (hyp_dirs or {}):
+            path = os.path.join(hyp_dirs[run], f"{test}.hyp")
         return _read(path, files) if os.path.isfile(path) else None
 
     planned: List[Dict] = []
@@ -213,6 +219,9 @@ def update_report(suite: Suite, results: Dict[str, Dict], references: Mapping[st
     the runs' records)."""
     refs = dict(_recorded_references(results, output_dir), **references)
     systems = system_statistics(suite, results, list(references))
+    archived = {run: entry["archive"]["dir"] for run, entry in _runs(results).items()
+                if "archive" in entry}
     results["comparisons"] = compare_systems(suite, systems, refs, output_dir,
-                                             results.get("comparisons", ()), log)
+                                             results.get("comparisons", ()), log,
+                                             hyp_dirs=archived)
     results["systems"] = systems

@@ -37,8 +37,9 @@ from deep_nmt_tf.config.loading import Locator, load_section
 __all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "PlannedRun", "planned_runs",
            "RESERVED_KEYS", "REPORT_KEYS", "DEFAULT_COMPARE_TO"]
 
-#: Keys of a run's entry in results.json that are not test sets.
-RESERVED_KEYS = ("training", "decoding")
+#: Keys of a run's entry in results.json that are not test sets (``archive``: only in the
+#: entry of a run taken from a results archive, :mod:`.archive`).
+RESERVED_KEYS = ("training", "decoding", "archive")
 
 #: results.json's top-level keys beside the runs' entries (no run may be named so): the seed
 #: statistics of each system and its paired comparisons (:mod:`.statistics`).
