@@ -70,7 +70,7 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 25
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 26
     for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
                    "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
@@ -95,6 +95,12 @@ def test_the_multi30k_suite_resolves_every_run():
         assert decoder["num_layers"] == layers
         decoder["num_layers"] = 4
         assert shallow == deep_pre, name
+    # The larger-vocabulary run differs from deep_pre in its vocabulary only.
+    larger = config_to_dict(configs["deep_pre_vocab10k"])
+    assert (larger["data"].pop("vocab_size"), larger["data"].pop("vocab_min_count")) == (10000, 3)
+    for key in ("vocab_size", "vocab_min_count"):
+        deep_pre["data"].pop(key)
+    assert larger == deep_pre
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.
