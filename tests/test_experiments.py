@@ -874,3 +874,29 @@ def test_an_archived_run_of_another_recipe_is_refused(tmp_path):
     save_config(load_config(run.config, [f"training.seed={run.seed}"]),
                 os.path.join(archive.run_dir("baseline"), "config.yaml"))
     stages._check_archived_recipe(run, archive, [f"training.seed={run.seed}"])  # the same
+
+
+def test_an_archived_runs_curves_draw_its_grad_norm_ratio(tmp_path):
+    """A results archive's record keeps the run's scalar curves: read back as the run's
+    scalars (no event files) and drawn in the suite's r_t figure."""
+    from deep_nmt_tf.analysis.events import read_run
+    from deep_nmt_tf.experiments.report import figures
+    from deep_nmt_tf.experiments.suite import planned_runs
+
+    archived = tmp_path / "archive" / "deep_post_admin-seed1"
+    archived.mkdir(parents=True)
+    (archived / "record.json").write_text(json.dumps({"curves": {
+        "train/grad_norm_ratio": [[100, 200, 300], [0.23, 0.88, 0.89]],
+        "train/grad_norm_h1": [[100], [0.01]], "train/grad_norm_hN": [[100], [0.04]],
+        "eval/bleu": [[1000], [24.9]]}}), encoding="utf-8")
+    data = read_run(str(archived))
+    steps, values = data.scalar("grad_norm_ratio", ("train",))
+    assert list(steps) == [100, 200, 300] and list(values) == [0.23, 0.88, 0.89]
+    assert list(data.scalar("bleu", ("eval",))[1]) == [24.9]
+    suite = load_suite(SUITE)
+    runs = planned_runs(suite, ["deep_post_admin-seed1"])
+    out = tmp_path / "out"
+    assert figures(suite, runs, str(out), ("a", "b"), lambda m: None) == []  # nothing here
+    written = figures(suite, runs, str(out), ("a", "b"), lambda m: None,
+                      {"deep_post_admin-seed1": str(archived)})
+    assert [os.path.basename(p) for p in written] == ["grad_norm_ratio.png", "grad_norms.png"]

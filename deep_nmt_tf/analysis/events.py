@@ -2,7 +2,8 @@
 
 :func:`read_run` reads the event files the trainer writes under ``RUN/train`` and ``RUN/eval``
 into a :class:`RunData` (``tf.data.TFRecordDataset`` + ``Event`` protos; the ``tensorboard``
-package is not needed).  :mod:`deep_nmt_tf.analysis.figures` draws the papers' figures from it;
+package is not needed); a run of a results archive (:mod:`deep_nmt_tf.experiments.archive`),
+which has no event files, gives the scalar curves its ``record.json`` kept.  :mod:`deep_nmt_tf.analysis.figures` draws the papers' figures from it;
 tests read the logged diagnostics with it.
 """
 
@@ -98,4 +99,22 @@ def read_run(run_dir: str, subdirs: Sequence[str] = ("train", "eval")) -> RunDat
         for tag, by_step in points.items():
             steps = np.array(sorted(by_step), np.int64)
             data.scalars[(sub, tag)] = (steps, np.array([by_step[s] for s in steps], np.float64))
+    if not data.scalars:  # an archived run (deep_nmt_tf.experiments.archive): its kept curves
+        _read_archived_curves(run_dir, subdirs, data)
     return data
+
+
+def _read_archived_curves(run_dir: str, subdirs: Sequence[str], data: RunData) -> None:
+    """The curves of a results archive's ``record.json`` (``{"SUB/TAG": [[steps], [values]]}``:
+    the scalars without a "/" in their tag), for a directory without event files."""
+    import json
+
+    path = os.path.join(run_dir, "record.json")
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        curves = json.load(f).get("curves", {})
+    for key, (steps, values) in curves.items():
+        sub, _, tag = key.partition("/")
+        if sub in subdirs:
+            data.scalars[(sub, tag)] = (np.array(steps, np.int64), np.array(values, np.float64))

@@ -42,7 +42,7 @@ from typing import Callable, Dict, Mapping, Optional
 
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS
 
-__all__ = ["RECORD", "Archive", "read_curves"]
+__all__ = ["RECORD", "Archive", "archived_dirs", "read_curves"]
 
 #: The record's file name in ``DIR/<run>/``.
 RECORD = "record.json"
@@ -62,6 +62,12 @@ def _write_json(path: str, data: Dict) -> None:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def archived_dirs(results: Mapping[str, Dict]) -> Dict[str, str]:
+    """run -> its archive directory, for the entries of results.json taken from an archive."""
+    return {name: entry["archive"]["dir"] for name, entry in results.items()
+            if name not in REPORT_KEYS and "archive" in entry}
 
 
 def read_curves(run_dir: str) -> Dict[str, list]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
 
@@ -115,24 +115,30 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
 
 
 def figures(suite: Suite, runs: List[PlannedRun], output_dir: str, test: Tuple[str, str],
-            log: Callable) -> List[str]:
+            log: Callable, archived: Optional[Dict[str, str]] = None) -> List[str]:
+    """The suite's figures; ``archived`` (run -> its directory in a results archive) adds the
+    kept r_t curves of runs without a run directory here to the grad-norm-ratio figure."""
     from deep_nmt_tf.analysis.figures import plot_runs
     from deep_nmt_tf.analysis.probe import probe_models, save_results
 
     figures_dir = os.path.join(output_dir, "figures")
-    # The runs with a run directory here (not those taken from a results archive).
-    runs = [r for r in runs if os.path.isdir(os.path.join(output_dir, "runs", r.name))]
-    if not runs:
-        return []
     directory = {r.name: os.path.join(output_dir, "runs", r.name) for r in runs}
+    for name, path in (archived or {}).items():
+        if not os.path.isdir(directory.get(name, "")):
+            directory[name] = path
     by_base = {}
     for r in runs:
         by_base.setdefault(r.base, []).append(r.name)
     written = []
-    ratio = [n for base in suite.grad_norm_ratio_runs for n in by_base.get(base, [])]
+    ratio = [n for base in suite.grad_norm_ratio_runs for n in by_base.get(base, [])
+             if os.path.isdir(directory[n])]
     if ratio:
         written += plot_runs([directory[n] for n in ratio], ratio, figures_dir,
                              figures=("grad_norm_ratio",), log=log)
+    # The other figures need a run directory here (per-layer scalars, checkpoints).
+    runs = [r for r in runs if os.path.isdir(os.path.join(output_dir, "runs", r.name))]
+    if not runs:
+        return written
     written += plot_runs([directory[r.name] for r in runs], [r.name for r in runs], figures_dir,
                          figures=("transparent", "dlcl", "gates"), log=log)
     probe = [n for base in suite.probe_runs for n in by_base.get(base, [])]

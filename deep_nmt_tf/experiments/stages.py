@@ -74,7 +74,7 @@ from absl import logging
 from deep_nmt_tf import run_lock
 from deep_nmt_tf.config import Config, load_config, operational_keys
 from deep_nmt_tf.decoding.scoring import table_scores
-from deep_nmt_tf.experiments.archive import Archive
+from deep_nmt_tf.experiments.archive import Archive, archived_dirs
 from deep_nmt_tf.experiments.report import figures, write_results
 from deep_nmt_tf.experiments.state import RunState, read_lines, write_lines
 from deep_nmt_tf.experiments.statistics import update_report
@@ -596,5 +596,5 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
             f"without it to go on")
         return results
     first_test = next(iter(tests.values()), dev)
-    figures(suite, runs, output_dir, first_test, log)
+    figures(suite, runs, output_dir, first_test, log, archived_dirs(results))
     return results

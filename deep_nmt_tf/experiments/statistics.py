@@ -219,8 +219,9 @@ def update_report(suite: Suite, results: Dict[str, Dict], references: Mapping[st
     the runs' records)."""
     refs = dict(_recorded_references(results, output_dir), **references)
     systems = system_statistics(suite, results, list(references))
-    archived = {run: entry["archive"]["dir"] for run, entry in _runs(results).items()
-                if "archive" in entry}
+    from deep_nmt_tf.experiments.archive import archived_dirs
+
+    archived = archived_dirs(results)
     results["comparisons"] = compare_systems(suite, systems, refs, output_dir,
                                              results.get("comparisons", ()), log,
                                              hyp_dirs=archived)
