@@ -3,8 +3,9 @@
 :func:`read_run` reads the event files the trainer writes under ``RUN/train`` and ``RUN/eval``
 into a :class:`RunData` (``tf.data.TFRecordDataset`` + ``Event`` protos; the ``tensorboard``
 package is not needed); a run of a results archive (:mod:`deep_nmt_tf.experiments.archive`),
-which has no event files, gives the scalar curves its ``record.json`` kept.  :mod:`deep_nmt_tf.analysis.figures` draws the papers' figures from it;
-tests read the logged diagnostics with it.
+which has no event files, gives the scalar curves its ``record.json`` kept.
+:mod:`deep_nmt_tf.analysis.figures` draws the papers' figures from it; tests read the logged
+diagnostics with it.
 """
 
 from __future__ import annotations
