@@ -267,13 +267,18 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path, monkey
     assert load_suite(str(suite)).length_penalty_extension == 0
     args = [f"--suite={suite}", f"--data_dir={data}", f"--output_dir={out}",
             "--only=baseline", "--max_steps=60",
-            f"--extra_test=again={data}/test2016.en:{data}/test2016.de"] + [
+            f"--extra_test=again={data}/test2016.en:{data}/test2016.de",
+            f"--archive_dir={tmp_path / 'archive'}"] + [
         f"--override={o}" for o in TINY + [
             "training.checkpoint_every=20", "training.grad_norm_ratio_every=20"]]
     _experiment_here(args)
+    record = json.load(open(tmp_path / "archive" / "baseline" / "record.json", encoding="utf-8"))
+    assert set(record["tests"]) == {"test2016", "again"}  # the scored run, archived
+    assert len(record["curves"]["train/grad_norm_ratio"][0]) == 3  # r_t at 20, 40, 60
     results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
     entry = results["baseline"]
-    assert set(entry) == {"test2016", "again", *RESERVED_KEYS} - {"archive"}  # no archive
+    assert record["entry"] == entry
+    assert set(entry) == {"test2016", "again", *RESERVED_KEYS} - {"archive"}  # scored here
     for test in ("test2016", "again"):
         assert set(entry[test]) == {"bleu", "bleu_lc", "chrf"}
         assert 0.0 < entry[test]["chrf"] <= 100.0 and entry[test]["bleu_lc"] >= entry[test]["bleu"]
