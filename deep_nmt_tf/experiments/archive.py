@@ -165,7 +165,8 @@ class Archive:
                   "archived": datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds")}
         _write_json(self._record_path(run), record)  # last: a record names only files there
-        self.log(f"{run}: archived in {target}")
+        self.log(f"{run}: archived in {target}" + (
+            f" (replacing the record archived {old.get('archived')})" if old else ""))
         return True
 
     def entry(self, run: str) -> Optional[Dict]:
