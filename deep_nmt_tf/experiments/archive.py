@@ -34,34 +34,19 @@ set.  A record of another suite is refused, naming the file.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import shutil
 from typing import Callable, Dict, Mapping, Optional
 
+from deep_nmt_tf.experiments.state import write_json
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS
+from deep_nmt_tf.run_dir import file_sha256
 
 __all__ = ["RECORD", "Archive", "archived_dirs", "read_curves"]
 
 #: The record's file name in ``DIR/<run>/``.
 RECORD = "record.json"
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _write_json(path: str, data: Dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def archived_dirs(results: Mapping[str, Dict]) -> Dict[str, str]:
@@ -98,7 +83,8 @@ class Archive:
         self.directory = os.path.abspath(directory)
         self.suite_name = suite_name
         self.log = log
-        self._reference_sha = {t: _sha256(p) for t, p in references.items() if os.path.isfile(p)}
+        self._reference_sha = {t: file_sha256(p) for t, p in references.items()
+                               if os.path.isfile(p)}
 
     def run_dir(self, run: str) -> str:
         return os.path.join(self.directory, run)
@@ -138,15 +124,15 @@ class Archive:
         no translation files to archive)."""
         from deep_nmt_tf import __version__
 
-        tests = [k for k in entry if k not in RESERVED_KEYS and k != "archive"]
+        tests = [k for k in entry if k not in RESERVED_KEYS]
         hyps = {t: os.path.join(run_dir, f"{t}.hyp") for t in tests}
         if not tests or not all(os.path.isfile(p) for p in hyps.values()):
             self.log(f"{run}: not archived: translations missing in {run_dir}")
             return False
-        tested = {t: {"hyp": f"{t}.hyp", "hyp_sha256": _sha256(p),
+        tested = {t: {"hyp": f"{t}.hyp", "hyp_sha256": file_sha256(p),
                       "reference_sha256": self._reference_sha.get(t)} for t, p in hyps.items()}
         config = os.path.join(run_dir, "config.yaml")
-        config_sha = _sha256(config) if os.path.isfile(config) else None
+        config_sha = file_sha256(config) if os.path.isfile(config) else None
         old = self._read_record(run)
         if old is not None and old["entry"] == dict(entry) and old.get("tests") == tested and \
                 old.get("config_sha256") == config_sha:
@@ -164,7 +150,7 @@ class Archive:
                   "package_version": __version__,
                   "archived": datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds")}
-        _write_json(self._record_path(run), record)  # last: a record names only files there
+        write_json(self._record_path(run), record)  # last: a record names only files there
         self.log(f"{run}: archived in {target}" + (
             f" (replacing the record archived {old.get('archived')})" if old else ""))
         return True
@@ -181,7 +167,7 @@ class Archive:
             hyp = os.path.join(self.run_dir(run), kept.get("hyp", f"{test}.hyp"))
             now = self._reference_sha.get(test)
             why = None
-            if not os.path.isfile(hyp) or _sha256(hyp) != kept.get("hyp_sha256"):
+            if not os.path.isfile(hyp) or file_sha256(hyp) != kept.get("hyp_sha256"):
                 why = f"its translations {hyp} are missing or changed"
             elif now is not None and kept.get("reference_sha256") not in (None, now):
                 why = "it was scored against another reference file"

@@ -6,10 +6,10 @@ lexical shortcut gates, embedding-to-layer similarity)."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from deep_nmt_tf.experiments.state import write_json
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
 
 __all__ = ["markdown", "seed_table", "comparison_table", "figures", "write_results"]
@@ -151,10 +151,7 @@ def figures(suite: Suite, runs: List[PlannedRun], output_dir: str, test: Tuple[s
 
 def write_results(results: Dict[str, Dict], path: str, tests: List[str],
                   output_dir: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(path, results)
     names = [t for t in tests if any(t in r for k, r in results.items() if k not in REPORT_KEYS)]
     with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown(results, names))

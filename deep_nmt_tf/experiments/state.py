@@ -8,7 +8,7 @@ import json
 import os
 from typing import Dict, List, Sequence
 
-__all__ = ["RunState", "read_lines", "write_lines"]
+__all__ = ["RunState", "read_lines", "write_lines", "write_json"]
 
 
 class RunState:
@@ -22,10 +22,15 @@ class RunState:
                 self.data = json.load(f)
 
     def save(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_json(self.path, self.data)
+
+
+def write_json(path: str, data: Dict) -> None:
+    """Writes ``data`` as JSON atomically (a temporary file, then a rename)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 def read_lines(path: str) -> List[str]:
