@@ -70,20 +70,19 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 26
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 28
     for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
-                   "deep_post_admin"):  # three seeds (issue 35)
+                   "deep_post_deepnorm_lr1e-3", "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
             f"{system}-seed{s}" for s in (1, 2, 3)]
     assert "deep_pre_30l" in names
-    assert "deep_post_deepnorm_lr1e-3" in names  # DeepNorm at a fifth of the peak rate
     assert "sentencepiece" in names  # the baseline with a SentencePiece vocabulary
     from deep_nmt_tf.config import config_to_dict, load_config
 
     configs = {run.name: load_config(run.config) for run in runs}  # every run's config loads
     # The low-rate DeepNorm probe differs from DeepNorm in its peak learning rate only.
     low, deepnorm = (config_to_dict(configs[n]) for n in
-                     ("deep_post_deepnorm_lr1e-3", "deep_post_deepnorm-seed1"))
+                     ("deep_post_deepnorm_lr1e-3-seed1", "deep_post_deepnorm-seed1"))
     rates = [c["training"]["schedule"]["inverse_sqrt"].pop("learning_rate")
              for c in (low, deepnorm)]
     assert rates == [1e-3, 5e-3] and low == deepnorm
@@ -117,12 +116,16 @@ def test_the_tatoeba_suite_resolves_every_run():
 
     configs = {r.name: load_config(r.config) for r in planned_runs(suite)}
     assert list(configs) == ["baseline", "deep_post", "deep_post_transparent",
-                             "deep_post_deepnorm", "deep_pre"]
+                             "deep_post_deepnorm", "deep_post_deepnorm_lr1e-3",
+                             "deep_post_admin", "deep_pre"]
     assert {c.training.train_steps for c in configs.values()} == {12000}
     encoders = {name: c.model.encoder.get() for name, c in configs.items()}
     assert encoders["baseline"].num_layers == 4
     assert {encoders[n].num_layers for n in configs if n != "baseline"} == {18}
     assert encoders["deep_post_deepnorm"].residual_scaling.method == "deepnorm"
+    assert encoders["deep_post_admin"].residual_scaling.method == "admin"
+    rates = {n: c.training.schedule.get().learning_rate for n, c in configs.items()}
+    assert rates.pop("deep_post_deepnorm_lr1e-3") == 1e-3 and set(rates.values()) == {5e-3}
     assert encoders["deep_pre"].norm == "pre"
     assert configs["deep_post_transparent"].model.transparent_attention.enabled
     assert suite.tests == ("test",)
