@@ -64,10 +64,13 @@ setup(
             "ipykernel>=6.29",
             # tests/test_export_ctranslate2.py (skipped where it is missing).
             "ctranslate2>=4.0,<5",
+            "sacremoses>=0.1",  # the suites' tokenised lowercased BLEU (bleu_tok_lc)
         ],
         "jax": ["jax>=0.4.30"],
         # deep-nmt-export --format=ctranslate2 and deep_nmt_tf.export.ctranslate2_translator.
         "ctranslate2": ["ctranslate2>=4.0,<5"],
+        # deep-nmt-experiment's bleu_tok_lc (a suite's tokenized_bleu_lc: Multi30k's).
+        "scoring": ["sacremoses>=0.1"],
     },
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
     classifiers=[

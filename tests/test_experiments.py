@@ -282,8 +282,8 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path, monkey
     entry = results["baseline"]
     assert record["entry"] == entry
     assert set(entry) == {"test2016", "again", *RESERVED_KEYS} - {"archive"}  # scored here
-    for test in ("test2016", "again"):
-        assert set(entry[test]) == {"bleu", "bleu_lc", "chrf"}
+    for test in ("test2016", "again"):  # the suite's tokenized_bleu_lc: bleu_tok_lc too
+        assert set(entry[test]) == {"bleu", "bleu_lc", "chrf", "bleu_tok_lc"}
         assert 0.0 < entry[test]["chrf"] <= 100.0 and entry[test]["bleu_lc"] >= entry[test]["bleu"]
     assert entry["test2016"] == entry["again"]  # the same set scored twice
     assert entry["training"]["updates"] == 60 and entry["training"]["averaged"] == 3
@@ -468,7 +468,7 @@ def test_a_training_time_budget_stops_a_run_where_its_clock_runs_out(tmp_path, m
     run_dir = os.path.join(out, "runs", "baseline")
     checkpoints = [os.path.basename(c) for c in RunDir(run_dir).list_checkpoints()]
     assert checkpoints[-1] == "ckpt-15" and entry["training"]["averaged"] == len(checkpoints)
-    assert set(entry["test2016"]) == {"bleu", "bleu_lc", "chrf"}
+    assert set(entry["test2016"]) == {"bleu", "bleu_lc", "chrf", "bleu_tok_lc"}
     assert "15 (0.25-min budget)" in open(os.path.join(out, "results.md"),
                                           encoding="utf-8").read()
     # The same budget: spent; nothing is trained or decoded again.
@@ -694,6 +694,75 @@ def test_the_report_gives_each_system_its_seed_statistics_and_paired_comparisons
     again = {(c["system"], c["reference"], c["metric"]): c for c in results["comparisons"]}
     assert again["other", "baseline", "bleu_lc"]["delta"] > one["delta"]
     assert again["deep_pre", "baseline", "bleu"] == by_key["deep_pre", "baseline", "bleu"]
+
+
+def test_moses_lowercased_bleu_scores_the_official_tokenised_text():
+    """bleu_tok_lc: both sides lowercased and Moses-tokenised with aggressive hyphen splitting,
+    then BLEU on those tokens; differs from 13a where the two tokenisers split differently."""
+    pytest.importorskip("sacremoses")
+    from deep_nmt_tf.decoding.scoring import moses_lowercased_bleu
+
+    hyp, ref = ["Ein Mann im T-Shirt spielt Gitarre."], ["ein Mann im T-Shirt spielt Gitarre ."]
+    got = moses_lowercased_bleu(hyp, ref, "de")
+    assert got["bleu_tok_lc"] == 100.0  # case and the final period's spacing are tokenised away
+    assert score(hyp, ref)["bleu_lc"] == 100.0
+    assert "moses:de+lc+aggressive-dash" in got["bleu_tok_lc_signature"]
+    assert "tok:none" in got["bleu_tok_lc_signature"]
+    # A hyphenated compound: one 13a token "t-shirt", three Moses tokens "t @-@ shirt", so
+    # a hypothesis that drops the hyphen matches more n-grams under Moses.
+    hyp, ref = ["ein mann im t shirt spielt laut gitarre"], ["ein mann im t-shirt spielt gitarre"]
+    assert moses_lowercased_bleu(hyp, ref, "de")["bleu_tok_lc"] != score(hyp, ref)["bleu_lc"]
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        moses_lowercased_bleu(["a", "b"], ["a"], "de")
+
+
+def test_the_report_fills_in_tokenised_bleu_for_runs_scored_or_archived_before(
+        tmp_path, monkeypatch):
+    """A suite with tokenized_bleu_lc: the entries without bleu_tok_lc get it from their
+    translations (run directory or archive), it joins the seed table, and a missing sacremoses
+    stops the tool before any run, naming the suite file and key."""
+    pytest.importorskip("sacremoses")
+    from deep_nmt_tf.decoding import scoring
+    from deep_nmt_tf.experiments import stages, statistics
+    from deep_nmt_tf.experiments.report import markdown as _markdown
+
+    suite, results, out, refs = _suite_on_disk(tmp_path, {
+        "baseline-seed1": (1, WEAK), "baseline-seed2": (2, REFS), "deep_pre-seed1": (1, REFS)},
+        compare_to="tokenized_bleu_lc: true\n")
+    assert suite.tokenized_bleu_lc
+    archived = tmp_path / "archived"  # deep_pre-seed1's translations only in an "archive"
+    os.rename(os.path.join(out, "runs", "deep_pre-seed1"), archived)
+    results["deep_pre-seed1"]["archive"] = {"dir": str(archived), "archived": "then"}
+    results["baseline-seed2"]["test2016"]["bleu_tok_lc"] = 12.5  # scored already: kept
+    statistics.update_report(suite, results, refs, out, log=lambda m: None)
+    assert results["baseline-seed1"]["test2016"]["bleu_tok_lc"] == scoring.moses_lowercased_bleu(
+        WEAK, REFS, "de")["bleu_tok_lc"] < 100.0
+    assert results["deep_pre-seed1"]["test2016"]["bleu_tok_lc"] == 100.0
+    assert results["baseline-seed2"]["test2016"]["bleu_tok_lc"] == 12.5
+    stats = results["systems"]["baseline"]["tests"]["test2016"]["bleu_tok_lc"]
+    assert stats["n"] == 2 and stats["mean"] == pytest.approx(
+        (results["baseline-seed1"]["test2016"]["bleu_tok_lc"] + 12.5) / 2)
+    assert {c["metric"] for c in results["comparisons"]} == {"bleu_lc", "bleu"}  # not tested
+    table = _markdown(results, ["test2016"])
+    assert "test2016 BLEU tok lc" in table and "| 12.50 |" in table
+    # A run whose translations are gone keeps its entry without the score (said so).
+    del results["baseline-seed1"]["test2016"]["bleu_tok_lc"]
+    os.remove(os.path.join(out, "runs", "baseline-seed1", "test2016.hyp"))
+    said = []
+    statistics.add_tokenized_bleu(suite, results, refs, out, {}, said.append)
+    assert "bleu_tok_lc" not in results["baseline-seed1"]["test2016"]
+    assert "baseline-seed1: test2016: no tokenised lowercased BLEU" in said[0]
+    statistics.update_report(suite, results, refs, out, log=lambda m: None)  # one seed has it:
+    assert "bleu_tok_lc" not in results["systems"]["baseline"]["tests"]["test2016"]  # no stats
+    # Without sacremoses the tool stops before training anything.
+    def missing(language):
+        raise scoring.MosesMissing("the tokenised lowercased BLEU (bleu_tok_lc) needs the "
+                                   "sacremoses package")
+
+    monkeypatch.setattr(scoring, "_moses_tokenizer", missing)
+    monkeypatch.setattr(stages, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    with pytest.raises(ConfigError, match=r"suite.yaml: tokenized_bleu_lc: .*sacremoses"):
+        stages.run_suite(suite, str(tmp_path), out, log=lambda m: None)
 
 
 def test_compare_to_names_runs_of_the_suite(tmp_path):

@@ -18,6 +18,11 @@ end of the grid extends it that way (by its spacing, never below 0) while dev BL
 to the suite's ``length_penalty_extension`` values; results.json's ``decoding`` records every
 value tried (``length_penalty_grid``) and ``extended``.
 
+A suite with ``tokenized_bleu_lc: true`` (Multi30k's) also scores ``bleu_tok_lc``, BLEU on
+lowercased Moses-tokenised text as papers score the official tokenised Multi30k (needs
+``sacremoses``: ``pip install 'deep_nmt_tf[scoring]'``; its absence stops the tool before any
+run); runs scored before get it from their translations.
+
 Besides each run's scores, the report gives each system (a run of the suite file with all its
 seeds) its mean, standard deviation and 95% t-interval over the seeds (results.json
 ``systems``), and tests it against the suite's ``compare_to`` systems (default ``baseline``
@@ -170,8 +175,9 @@ def main(argv: Sequence[str]) -> None:
     for name, entry in results.items():
         if name in REPORT_KEYS:  # the systems' statistics and comparisons: results.md
             continue
-        scores = ", ".join(f"{test} {s['bleu_lc']:.2f} lc / {s['bleu']:.2f} cased"
-                           for test, s in entry.items() if test not in RESERVED_KEYS)
+        scores = ", ".join(f"{test} {s['bleu_lc']:.2f} lc / {s['bleu']:.2f} cased" + (
+            f" / {s['bleu_tok_lc']:.2f} tokenised lc" if "bleu_tok_lc" in s else "")
+            for test, s in entry.items() if test not in RESERVED_KEYS)
         print(f"{name}: {scores}")
 
 

@@ -13,7 +13,13 @@ Three scores, each with its sacreBLEU signature (the reproducibility string of P
   ``tokenize='intl'``: Unicode-aware splitting of punctuation and symbols from words (except
   inside numbers), the sacreBLEU tokeniser closest to Moses' ``tokenizer.perl`` followed by
   ``multi-bleu.perl``.  It is usually higher than ``bleu`` and is not comparable across
-  papers; report ``bleu`` with its signature as the primary number.
+  papers; report ``bleu`` with its signature as the primary number;
+* ``bleu_tok_lc`` (:func:`moses_lowercased_bleu`, optional, needs ``sacremoses``): BLEU on
+  lowercased, Moses-tokenised text, the way papers score the official tokenised Multi30k
+  (fairseq's scorer on ``*.lc.norm.tok`` files, e.g. Wu et al. 2021's 41.02): both sides
+  lowercased and tokenised with ``sacremoses.MosesTokenizer(target language)`` with
+  aggressive hyphen splitting (``T-Shirt`` -> ``t @-@ shirt``) and no escaping, then BLEU on
+  those tokens (sacreBLEU ``tokenize='none'``).
 
 :func:`checkpoint_window` picks the window of checkpoints over which test BLEU is averaged:
 the ``size`` consecutive checkpoints centred on the one with the best dev BLEU (shifted inwards
@@ -26,7 +32,7 @@ import math
 from typing import Dict, Sequence, Tuple
 
 __all__ = ["TOKENIZED_BLEU_TOKENIZE", "corpus_bleu", "corpus_scores", "table_scores",
-           "checkpoint_window", "mean_std"]
+           "moses_lowercased_bleu", "MosesMissing", "checkpoint_window", "mean_std"]
 
 TOKENIZED_BLEU_TOKENIZE = "intl"
 
@@ -97,6 +103,60 @@ def table_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[s
     out.update({f"{key}_signature": scores[f"{key}_signature"]
                 for key in ("bleu", "bleu_lc", "chrf")})
     return out
+
+
+class MosesMissing(ImportError):
+    """``bleu_tok_lc`` was asked for and ``sacremoses`` is not installed."""
+
+
+def _moses_tokenizer(language: str):
+    try:
+        from sacremoses import MosesTokenizer
+    except ImportError as e:
+        raise MosesMissing(
+            "the tokenised lowercased BLEU (bleu_tok_lc) needs the sacremoses package: "
+            "pip install 'deep_nmt_tf[scoring]' (or sacremoses)") from e
+    return MosesTokenizer(lang=language)
+
+
+def moses_lowercased_bleu(hypotheses: Sequence[str], references: Sequence[str],
+                          language: str) -> Dict[str, object]:
+    """BLEU on lowercased, Moses-tokenised text (``bleu_tok_lc``, module docstring).
+
+    Args:
+      hypotheses: detokenised system output, one per segment.
+      references: the reference translations, detokenised (same length).
+      language: the target language's code for the Moses tokeniser (``de``).
+
+    Returns:
+      ``{"bleu_tok_lc": float rounded to 2 decimals, "bleu_tok_lc_signature": str}``; the
+      signature is sacreBLEU's (``tok:none``, the text tokenised before) with the Moses
+      tokeniser and its version prepended.
+
+    Raises:
+      MosesMissing: ``sacremoses`` is not installed.
+      ValueError: different numbers of hypotheses and references.
+    """
+    from sacrebleu.metrics import BLEU
+
+    hypotheses, references = _check_pairs(hypotheses, references)
+    tokenizer = _moses_tokenizer(language)
+
+    def tokenize(lines):
+        return [tokenizer.tokenize(line.lower(), aggressive_dash_splits=True, escape=False,
+                                   return_str=True) for line in lines]
+
+    metric = BLEU(tokenize="none", lowercase=True, force=True)  # force: tokenised on purpose
+    score = metric.corpus_score(tokenize(hypotheses), [tokenize(references)])
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        moses = version("sacremoses")
+    except PackageNotFoundError:  # pragma: no cover - imported above, so installed
+        moses = "?"
+    return {"bleu_tok_lc": round(float(score.score), 2),
+            "bleu_tok_lc_signature": f"moses:{language}+lc+aggressive-dash|sacremoses:{moses}|"
+                                     f"{metric.get_signature()}"}
 
 
 def checkpoint_window(dev_scores: Sequence[float], size: int) -> Tuple[int, int, int]:

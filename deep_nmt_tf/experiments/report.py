@@ -14,7 +14,14 @@ from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
 
 __all__ = ["markdown", "seed_table", "comparison_table", "figures", "write_results"]
 
-_METRIC_NAMES = {"bleu_lc": "BLEU lc", "bleu": "BLEU", "chrf": "chrF"}
+_METRIC_NAMES = {"bleu_lc": "BLEU lc", "bleu": "BLEU", "chrf": "chrF",
+                 "bleu_tok_lc": "BLEU tok lc"}
+
+
+def _metrics(score_dicts) -> Tuple[str, ...]:
+    """The table's score columns: ``bleu_tok_lc`` after the three when any row has it."""
+    extra = any("bleu_tok_lc" in s for s in score_dicts)
+    return ("bleu_lc", "bleu", "chrf") + (("bleu_tok_lc",) if extra else ())
 
 
 def _interval(values) -> str:
@@ -23,15 +30,15 @@ def _interval(values) -> str:
 
 def seed_table(systems: Dict[str, Dict], tests: Sequence[str]) -> str:
     """Each system's scores over its seeds: mean +- standard deviation [95% t-interval]."""
-    head = ["system", "seeds"] + [f"{t} {_METRIC_NAMES[m]}" for t in tests
-                                  for m in ("bleu_lc", "bleu", "chrf")]
+    metrics = _metrics(s["tests"].get(t, {}) for s in systems.values() for t in tests)
+    head = ["system", "seeds"] + [f"{t} {_METRIC_NAMES[m]}" for t in tests for m in metrics]
     lines = ["Each system over its seeds: mean ± standard deviation [95% t-interval of the "
              "mean] (one seed: its score).", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, system in systems.items():
         cells = [name, ", ".join(str(s) for s in system["seeds"])]
         for test in tests:
-            for metric in ("bleu_lc", "bleu", "chrf"):
+            for metric in metrics:
                 s = system["tests"].get(test, {}).get(metric)
                 cells.append("" if s is None else f"{s['mean']:.2f}" if s["n"] < 2 else
                              f"{s['mean']:.2f} ± {s['std']:.2f} {_interval(s['ci95'])}")
@@ -67,8 +74,8 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
     report = {k: results[k] for k in REPORT_KEYS if k in results}
     results = {k: v for k, v in results.items() if k not in REPORT_KEYS}
     head = ["run", "params", "precision", "updates", "train min", "alpha"]
-    for t in tests:
-        head += [f"{t} BLEU lc", f"{t} BLEU", f"{t} chrF"]
+    metrics = _metrics(r.get(t, {}) for r in results.values() for t in tests)
+    head += [f"{t} {_METRIC_NAMES[m]}" for t in tests for m in metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, r in results.items():
         t = r["training"]
@@ -83,8 +90,7 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
                  minutes, str(r["decoding"]["length_penalty"])]
         for test in tests:
             s = r.get(test, {})
-            cells += [f"{s.get('bleu_lc', float('nan')):.2f}", f"{s.get('bleu', float('nan')):.2f}",
-                      f"{s.get('chrf', float('nan')):.2f}"]
+            cells += [f"{s[m]:.2f}" if m in s else "" for m in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     timed = [r["training"] for r in results.values() if r["training"].get("seconds")]
     if timed:

@@ -35,9 +35,10 @@ while the dev score improves, at most ``length_penalty_extension`` values (a log
 the cap stopped it).  Each penalty's dev score is saved as soon as it is known, so a resumed
 tool decodes none again; a choice recorded before this extension existed stands as made.
 
-Scores (:func:`deep_nmt_tf.decoding.scoring.table_scores`, the one place that scores): ``bleu``
-is sacreBLEU (13a, cased) on detokenised output, ``bleu_lc`` the same lowercased (the number the
-Multi30k literature reports), ``chrf`` sacreBLEU chrF2.
+Scores (:mod:`deep_nmt_tf.decoding.scoring`, the one place that scores): ``bleu`` is sacreBLEU
+(13a, cased) on detokenised output, ``bleu_lc`` the same lowercased, ``chrf`` sacreBLEU chrF2;
+with the suite's ``tokenized_bleu_lc`` also ``bleu_tok_lc``, BLEU on lowercased Moses-tokenised
+text (how papers score the official tokenised Multi30k; :mod:`.statistics`).
 
 Training routes.  By default a run trains with the custom loop (TensorFlow,
 :class:`~deep_nmt_tf.training.Runner`).  With ``route="fit"`` (``--route=fit``) it trains with
@@ -75,9 +76,11 @@ from deep_nmt_tf import run_lock
 from deep_nmt_tf.config import Config, load_config, operational_keys
 from deep_nmt_tf.decoding.scoring import table_scores
 from deep_nmt_tf.experiments.archive import Archive, archived_dirs
+from deep_nmt_tf.experiments.averaged import average, copied_after_average, listed
 from deep_nmt_tf.experiments.report import figures, write_results
 from deep_nmt_tf.experiments.state import RunState, read_lines, write_lines
-from deep_nmt_tf.experiments.statistics import update_report
+from deep_nmt_tf.experiments.statistics import (SCORE_KEYS, require_tokenizer, tokenized_bleu_lc,
+                                                update_report)
 from deep_nmt_tf.experiments.suite import RESERVED_KEYS, PlannedRun, Suite, planned_runs
 from deep_nmt_tf.hardware import describe_machine, record_hardware
 
@@ -103,12 +106,6 @@ def _write_token_ids(config, run_dir: str) -> None:
 
     if not os.path.exists(RunDir(run_dir).token_file("train")):
         preprocess_run(config, run_dir, ("train", "dev"))
-
-
-def _listed(run_dir: str) -> List[str]:
-    from deep_nmt_tf.checkpoints import CheckpointStore
-
-    return CheckpointStore(run_dir).list()
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,35 +206,6 @@ def _train(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable
     state.save()
 
 
-def _average(run: PlannedRun, run_dir: str, state: RunState) -> str:
-    from deep_nmt_tf.checkpoints import CheckpointStore
-
-    out = os.path.join(run_dir, "averaged")
-    store = CheckpointStore(run_dir)
-    checkpoints = store.list()[-run.average_last:]
-    if _copied_after_average(run_dir, state, checkpoints):
-        return out
-    if state.data.get("averaged") != checkpoints:
-        # ``averaged/`` is this tool's own output, derived from the run's checkpoints: replaced
-        # even when it names checkpoints elsewhere (a run directory copied or moved here).
-        store.average(out, checkpoints=checkpoints, overwrite=True)
-        state.data["averaged"] = checkpoints
-        state.data.pop("decoding", None)  # a new average: decode again
-        state.data.pop("tests", None)
-        state.save()
-    return out
-
-
-def _copied_after_average(run_dir: str, state: RunState, checkpoints: Sequence[str]) -> bool:
-    """Whether ``run_dir`` is a run copied here after training and averaging elsewhere
-    (module docstring): its average recorded and present, none of its checkpoints here."""
-    from deep_nmt_tf.checkpoints import CheckpointStore
-
-    averaged = state.data.get("averaged")
-    return bool(averaged) and not checkpoints and bool(
-        CheckpointStore(os.path.join(run_dir, "averaged")).list())
-
-
 def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable,
                overrides: Sequence[str], max_train_minutes: Optional[float] = None) -> None:
     """Trains ``run`` with ``compile``/``fit`` on the current Keras backend (module
@@ -251,7 +219,7 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
     saved = rd.saved_config()
     _check_seed(run, saved, run_dir, state)
     _check_recipe(run, config, saved, run_dir)
-    if _copied_after_average(run_dir, state, CheckpointStore(run_dir).list()):
+    if copied_after_average(run_dir, state, CheckpointStore(run_dir).list()):
         return
     if not os.path.exists(rd.token_file("train")):
         log(f"{run.name}: writing the token ids (deep-nmt-preprocess)")
@@ -437,6 +405,10 @@ def _decode(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
         log(f"{run.name}: {name}: BLEU {results[name]['bleu']:.2f} (lowercased "
             f"{results[name]['bleu_lc']:.2f}), chrF {results[name]['chrf']:.2f}")
         state.save()
+    for name in (n for n in tests if suite.tokenized_bleu_lc and "bleu_tok_lc" not in results[n]):
+        results[name].update(tokenized_bleu_lc(os.path.join(run_dir, f"{name}.hyp"),
+                                               tests[name][1], suite.target_suffix))
+        state.save()  # also for a run scored before the suite asked for it
     return results
 
 
@@ -462,15 +434,15 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
         return None
     if route == "fit":
         _train_fit(run, config, run_dir, state, log, overrides, max_train_minutes)
-    elif not _copied_after_average(run_dir, state, _listed(run_dir)):
+    elif not copied_after_average(run_dir, state, listed(run_dir)):
         _train(run, config, run_dir, state, log, max_train_minutes)
     if stop_after == "train":
         return None
-    averaged = _average(run, run_dir, state)
+    averaged = average(run, run_dir, state)
     if stop_after == "average":
         return None
     results = dict(_decode(run, suite, averaged, dev, tests, run_dir, state, log))
-    out = {name: {k: results[name][k] for k in ("bleu", "bleu_lc", "chrf")}
+    out = {name: {k: results[name][k] for k in SCORE_KEYS if k in results[name]}
            for name in tests}
     out["training"] = dict(state.data["training"], averaged=len(state.data["averaged"]))
     decoding = state.data["decoding"]
@@ -530,6 +502,8 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
     _check_route(route, stop_after)
     if max_train_minutes is not None and not max_train_minutes > 0:
         raise ValueError(f"max_train_minutes={max_train_minutes}: must be > 0")
+    require_tokenizer(suite)
+
     def split(name):
         return tuple(os.path.abspath(os.path.join(data_dir, f"{name}.{suffix}"))
                      for suffix in (suite.source_suffix, suite.target_suffix))

@@ -29,6 +29,12 @@ t-interval over the pairs (two pairs or more), and the verdict of
 pairs are each significant in the direction of the means).  A pair's result is reused while
 its inputs (both translation files, the references, the metric, the number of resamples and
 ``SACREBLEU_SEED``) hash the same (``inputs_sha256``).
+
+A suite with ``tokenized_bleu_lc`` also scores ``bleu_tok_lc`` (BLEU on lowercased,
+Moses-tokenised text, :func:`~deep_nmt_tf.decoding.scoring.moses_lowercased_bleu`): the tool
+adds it to each run's entry when the run is scored (:func:`tokenized_bleu_lc`), and the report
+fills it in for entries that lack it (runs scored or archived before) from their translations
+(:func:`add_tokenized_bleu`); it joins the seed statistics, not the paired tests.
 """
 
 from __future__ import annotations
@@ -41,11 +47,15 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from deep_nmt_tf.decoding.significance import call_effect, paired_bootstrap, seed_statistics
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS, Suite
 
-__all__ = ["SEED_METRICS", "COMPARED_METRICS", "N_SAMPLES", "system_statistics",
-           "compare_systems", "update_report"]
+__all__ = ["SEED_METRICS", "SCORE_KEYS", "COMPARED_METRICS", "N_SAMPLES", "system_statistics",
+           "compare_systems", "require_tokenizer", "tokenized_bleu_lc", "add_tokenized_bleu",
+           "update_report"]
 
-#: The scores summarised over seeds, and the BLEU variants tested (name -> lowercased).
-SEED_METRICS = ("bleu_lc", "bleu", "chrf")
+#: The scores summarised over seeds (``bleu_tok_lc`` where every seed of a system has it), and
+#: the BLEU variants tested (name -> lowercased).
+SEED_METRICS = ("bleu_lc", "bleu", "chrf", "bleu_tok_lc")
+#: A test set's scores in a run's entry of results.json (``bleu_tok_lc`` optional).
+SCORE_KEYS = SEED_METRICS
 COMPARED_METRICS = {"bleu_lc": True, "bleu": False}
 #: Bootstrap resamples per test (sacreBLEU's default).
 N_SAMPLES = 1000
@@ -86,7 +96,8 @@ def system_statistics(suite: Suite, results: Mapping[str, Dict],
         ordered = [t for t in tests if t in found] + sorted(found - set(tests))
         out[system] = {"seeds": seeds, "runs": [members[system][s] for s in seeds], "tests": {
             test: {m: seed_statistics([e[test][m] for e in entries if test in e])
-                   for m in SEED_METRICS} for test in ordered}}
+                   for m in SEED_METRICS
+                   if all(m in e[test] for e in entries if test in e)} for test in ordered}}
         if system in left_out:
             out[system]["left_out"] = sorted(left_out[system])
     return out
@@ -197,6 +208,52 @@ def compare_systems(suite: Suite, systems: Mapping[str, Dict], references: Mappi
     return planned
 
 
+def require_tokenizer(suite: Suite) -> None:
+    """Raises ConfigError (naming the suite file and key) when the suite asks for
+    ``bleu_tok_lc`` and ``sacremoses`` is not installed: before any run trains."""
+    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.decoding.scoring import MosesMissing, moses_lowercased_bleu
+
+    if suite.tokenized_bleu_lc:
+        try:
+            moses_lowercased_bleu(["a"], ["a"], suite.target_suffix)
+        except MosesMissing as e:
+            raise ConfigError(f"{suite.path}: tokenized_bleu_lc: {e}") from e
+
+
+def tokenized_bleu_lc(hyp_path: str, reference_path: str, language: str) -> Dict[str, object]:
+    """``bleu_tok_lc`` and its signature of a translation file against its reference file
+    (:func:`~deep_nmt_tf.decoding.scoring.moses_lowercased_bleu`)."""
+    from deep_nmt_tf.decoding.scoring import moses_lowercased_bleu
+    from deep_nmt_tf.experiments.state import read_lines
+
+    return moses_lowercased_bleu(read_lines(hyp_path), read_lines(reference_path), language)
+
+
+def add_tokenized_bleu(suite: Suite, results: Dict[str, Dict], references: Mapping[str, str],
+                       output_dir: str, hyp_dirs: Optional[Mapping[str, str]] = None,
+                       log: Callable = print) -> None:
+    """Fills ``bleu_tok_lc`` into the test scores of the runs' entries that lack it, from
+    ``output_dir/runs/<run>/<test>.hyp`` or the run's ``hyp_dirs`` directory (an archived run);
+    nothing without the suite's ``tokenized_bleu_lc``.  A run whose translations or reference
+    are missing, or of another length, keeps its entry without it (logged)."""
+    if not suite.tokenized_bleu_lc:
+        return
+    for run, entry in _runs(results).items():
+        for test in _test_names(entry):
+            if "bleu_tok_lc" in entry[test] or test not in references:
+                continue
+            hyp = os.path.join(output_dir, "runs", run, f"{test}.hyp")
+            if not os.path.isfile(hyp) and run in (hyp_dirs or {}):
+                hyp = os.path.join(hyp_dirs[run], f"{test}.hyp")
+            try:
+                scores = tokenized_bleu_lc(hyp, references[test], suite.target_suffix)
+            except (OSError, ValueError) as e:
+                log(f"{run}: {test}: no tokenised lowercased BLEU ({e})")
+                continue
+            entry[test]["bleu_tok_lc"] = scores["bleu_tok_lc"]
+
+
 def _recorded_references(results: Mapping[str, Dict], output_dir: str) -> Dict[str, str]:
     """test -> the reference file the runs' experiment.json recorded (the tests of earlier
     invocations, e.g. an ``--extra_test`` not given this time)."""
@@ -217,11 +274,12 @@ def update_report(suite: Suite, results: Dict[str, Dict], references: Mapping[st
     """Sets ``results["systems"]`` and ``results["comparisons"]`` from the runs' entries and
     translations (``references``: this invocation's test sets; those of earlier ones come from
     the runs' records)."""
-    refs = dict(_recorded_references(results, output_dir), **references)
-    systems = system_statistics(suite, results, list(references))
     from deep_nmt_tf.experiments.archive import archived_dirs
 
+    refs = dict(_recorded_references(results, output_dir), **references)
     archived = archived_dirs(results)
+    add_tokenized_bleu(suite, results, refs, output_dir, archived, log)
+    systems = system_statistics(suite, results, list(references))
     results["comparisons"] = compare_systems(suite, systems, refs, output_dir,
                                              results.get("comparisons", ()), log,
                                              hyp_dirs=archived)

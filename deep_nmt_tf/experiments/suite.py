@@ -15,6 +15,7 @@ A suite file (``configs/multi30k/suite.yaml``) names the corpus layout and the r
     length_penalties: [0.6, 1.0, 1.4]   # tried on the dev set; the best decodes the tests
     length_penalty_extension: 10        # best at an end: up to 10 more values beyond it
     compare_to: [baseline, deep_pre]    # paired bootstrap of every system against these
+    tokenized_bleu_lc: true      # also bleu_tok_lc, the official tokenised text's scoring
     grad_norm_ratio_runs: [deep_post, deep_post_transparent]
     probe_runs: [baseline, lexical_shortcuts]
     runs:
@@ -86,6 +87,11 @@ class Suite:
         DEFAULT_COMPARE_TO, "Reference systems (suite runs): every other system is compared "
         "with each by the paired bootstrap on the test sets, seed by seed. A name without a "
         "run is an error; left out, the default keeps those of its names the suite has.")
+    tokenized_bleu_lc: bool = field(
+        False, "Also score bleu_tok_lc: BLEU on lowercased text Moses-tokenised in the target "
+        "language (target_suffix) with aggressive hyphen splitting, as papers score the "
+        "official tokenised Multi30k (deep_nmt_tf.decoding.scoring.moses_lowercased_bleu; "
+        "needs sacremoses). Reported beside the other scores and over seeds, not tested.")
     grad_norm_ratio_runs: Tuple[str, ...] = field((), "Runs whose r_t curves share a figure.")
     probe_runs: Tuple[str, ...] = field((), "Runs of the embedding-to-layer similarity figure "
                                         "(Emelin et al. Fig. 6-7).")
