@@ -246,6 +246,21 @@ def test_deepnorm_with_transparent_attention_and_shortcuts_builds():
     assert np.isfinite(to_numpy(logits)).all()
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(method="deepnorm", encoder_extra={"lexical_shortcuts": {
+        "enabled": True, "variant": "feature_fusion"}}),
+    dict(method="deepnorm", decoder_method="none"),  # one stack scaled, the other plain
+    dict(method="none", decoder_method="admin"),
+])
+def test_the_combinations_the_config_reference_calls_defined_build(kwargs):
+    """docs/CONFIG.md, "Combining the deep methods": what it calls defined builds and runs."""
+    from deep_nmt_tf.config.reference import COMBINATIONS
+
+    assert "DeepNorm or Admin in one stack only | yes" in COMBINATIONS
+    model = build_model(config_from_dict(_tree(**kwargs), source="<test>"))
+    assert np.isfinite(to_numpy(model(dict(source_ids=SRC, target_input_ids=TGT)))).all()
+
+
 def test_model_config_round_trip_keeps_the_scaling():
     model = build_model(_config(method="admin"))
     model(dict(source_ids=SRC, target_input_ids=TGT))
