@@ -59,27 +59,49 @@ def _cell(value) -> str:
     return f"`{value!r}`"
 
 
-#: How the deep methods combine: what the config accepts, and what it refuses (the refusals
-#: are ``deep_nmt_tf/config/rules.py``'s, each a ConfigError naming the key).
-COMBINATIONS = """## Combining the deep methods
+#: How the deep methods combine (docs/CONFIG.md): what the config accepts, and what it refuses
+#: (the refusals are ``deep_nmt_tf/config/rules.py``'s, each a ConfigError naming the key).
+COMBINATIONS: Tuple[Tuple[str, str], ...] = (
+    ("DLCL + transparent attention, DLCL + lexical shortcuts or feature fusion, transparent "
+     "attention + lexical shortcuts",
+     "yes: DLCL mixes each layer's input, transparent attention mixes the encoder layers' "
+     "outputs for the decoder, shortcuts feed the self-attention's keys and values; none "
+     "changes what the others read"),
+    ("DeepNorm or Admin (`residual_scaling.method`) + `norm: post`",
+     "yes (what they are for)"),
+    ("DeepNorm or Admin + `norm: pre`",
+     "refused: both up-weight the residual of a post-norm layer, `LN(w x + G(x))`; a pre-norm "
+     "layer has no norm after the sum to rescale"),
+    ("DeepNorm or Admin + DLCL in the same stack",
+     "refused: DLCL replaces the residual stream their constants (DeepNorm's alpha and beta, "
+     "Admin's omega from the number of residual sub-layers) are derived for"),
+    ("DeepNorm or Admin + transparent attention",
+     "yes: the decoder attends the encoder layers' outputs, which are post-norm as without "
+     "them"),
+    ("DeepNorm or Admin + lexical shortcuts or feature fusion",
+     "yes: the shortcut enters the self-attention, inside the sub-layer G; the residual form "
+     "is unchanged"),
+    ("DeepNorm or Admin in one stack only",
+     "yes: each stack is scaled (or not) on its own; DeepNorm's constants still take both "
+     "depths"),
+    ("DeepNorm with an RNMT+ or hybrid side, default constants",
+     "refused: the paper's formulas need a Transformer encoder's depth N and decoder's depth "
+     "M; give `alpha` and `beta` explicitly"),
+    ("`alpha` / `beta` with Admin, `omega` with DeepNorm, any of them with `method: none`",
+     "refused: not a constant of that method"),
+    ("transparent attention over an RNMT+ encoder",
+     "yes (Bapna et al.'s RNMT+ experiments; `rnmt_plus_512_transparent.yaml`)"),
+    ("transparent attention over a cascaded or multi-column encoder",
+     "refused: their stages' or columns' layer outputs differ in width"),
+)
 
-Each method is a switch of its own and they compose, within these rules (the config refuses
-the others before anything is built, naming the key):
 
-| combination | defined? |
-| --- | --- |
-| DLCL + transparent attention, DLCL + lexical shortcuts or feature fusion, transparent attention + lexical shortcuts | yes: DLCL mixes each layer's input, transparent attention mixes the encoder layers' outputs for the decoder, shortcuts feed the self-attention's keys and values; none changes what the others read |
-| DeepNorm or Admin (`residual_scaling.method`) + `norm: post` | yes (what they are for) |
-| DeepNorm or Admin + `norm: pre` | refused: both up-weight the residual of a post-norm layer, `LN(w x + G(x))`; a pre-norm layer has no norm after the sum to rescale |
-| DeepNorm or Admin + DLCL in the same stack | refused: DLCL replaces the residual stream their constants (DeepNorm's alpha and beta, Admin's omega from the number of residual sub-layers) are derived for |
-| DeepNorm or Admin + transparent attention | yes: the decoder attends the encoder layers' outputs, which are post-norm as without them |
-| DeepNorm or Admin + lexical shortcuts or feature fusion | yes: the shortcut enters the self-attention, inside the sub-layer G; the residual form is unchanged |
-| DeepNorm or Admin in one stack only | yes: each stack is scaled (or not) on its own; DeepNorm's constants still take both depths |
-| DeepNorm with an RNMT+ or hybrid side, default constants | refused: the paper's formulas need a Transformer encoder's depth N and decoder's depth M; give `alpha` and `beta` explicitly |
-| `alpha` / `beta` with Admin, `omega` with DeepNorm, any of them with `method: none` | refused: not a constant of that method |
-| transparent attention over an RNMT+ encoder | yes (Bapna et al.'s RNMT+ experiments; `rnmt_plus_512_transparent.yaml`) |
-| transparent attention over a cascaded or multi-column encoder | refused: their stages' or columns' layer outputs differ in width |
-"""
+def _combinations_markdown() -> List[str]:
+    return ["## Combining the deep methods", "",
+            "Each method is a switch of its own and they compose, within these rules (the "
+            "config refuses the others before anything is built, naming the key):", "",
+            "| combination | defined? |", "| --- | --- |"] + [
+        f"| {what} | {defined} |" for what, defined in COMBINATIONS] + [""]
 
 
 def config_reference_markdown() -> str:
@@ -91,7 +113,7 @@ def config_reference_markdown() -> str:
              "it (`model.encoder.type: rnmt_plus` uses `model.encoder.rnmt_plus.*`). Options of "
              "another type are an error in the file (or override) that chose the type or in a "
              "later one, and are ignored when they come from a `base:` file or from a file "
-             "whose type an `--override` switched.", ""] + COMBINATIONS.splitlines() + [""]
+             "whose type an `--override` switched.", ""] + _combinations_markdown()
     section = None
     for key, default, help_ in describe_config():
         top = key.split(".")[0]
