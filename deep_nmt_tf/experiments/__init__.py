@@ -7,15 +7,16 @@ scored, with the papers' figures:
   :func:`load_suite`, :func:`find_suite`) and its plan (:func:`planned_runs`);
 * :mod:`.state`: a run's ``experiment.json`` (what is done; every stage resumable);
 * :mod:`.stages`: the stages over the runner and the checkpoint store (:func:`run_one`,
-  :func:`run_suite`);
+  :func:`run_suite`); :mod:`.averaged`: a run's checkpoint average;
 * :mod:`.statistics`: each system's scores over its seeds and its paired bootstrap
-  comparisons with the reference systems (results.json's ``systems`` and ``comparisons``);
+  comparisons with the reference systems (results.json's ``systems`` and ``comparisons``),
+  and the suite's optional tokenised lowercased BLEU (``bleu_tok_lc``);
 * :mod:`.report`: ``results.json``, ``results.md`` and ``figures/``;
 * :mod:`.archive`: a results archive that keeps each scored run's entry, translations and
   curves beyond its machine (``--archive_dir``).
 
 Nothing in the core package imports this one (a test checks); scores come from
-:func:`deep_nmt_tf.decoding.scoring.table_scores`.
+:mod:`deep_nmt_tf.decoding.scoring`.
 """
 
 from deep_nmt_tf.decoding.scoring import table_scores as score
