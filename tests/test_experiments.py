@@ -754,6 +754,7 @@ def test_the_report_fills_in_tokenised_bleu_for_runs_scored_or_archived_before(
     assert "baseline-seed1: test2016: no tokenised lowercased BLEU" in said[0]
     statistics.update_report(suite, results, refs, out, log=lambda m: None)  # one seed has it:
     assert "bleu_tok_lc" not in results["systems"]["baseline"]["tests"]["test2016"]  # no stats
+
     # Without sacremoses the tool stops before training anything.
     def missing(language):
         raise scoring.MosesMissing("the tokenised lowercased BLEU (bleu_tok_lc) needs the "
