@@ -148,14 +148,11 @@ def moses_lowercased_bleu(hypotheses: Sequence[str], references: Sequence[str],
 
     metric = BLEU(tokenize="none", lowercase=True, force=True)  # force: tokenised on purpose
     score = metric.corpus_score(tokenize(hypotheses), [tokenize(references)])
-    from importlib.metadata import PackageNotFoundError, version
+    import sacremoses
 
-    try:
-        moses = version("sacremoses")
-    except PackageNotFoundError:  # pragma: no cover - imported above, so installed
-        moses = "?"
     return {"bleu_tok_lc": round(float(score.score), 2),
-            "bleu_tok_lc_signature": f"moses:{language}+lc+aggressive-dash|sacremoses:{moses}|"
+            "bleu_tok_lc_signature": f"moses:{language}+lc+aggressive-dash|sacremoses:"
+                                     f"{getattr(sacremoses, '__version__', '?')}|"
                                      f"{metric.get_signature()}"}
 
 
