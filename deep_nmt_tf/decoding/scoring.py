@@ -140,7 +140,8 @@ def moses_lowercased_bleu(hypotheses: Sequence[str], references: Sequence[str],
     from sacrebleu.metrics import BLEU
 
     hypotheses, references = _check_pairs(hypotheses, references)
-    tokenizer = _moses_tokenizer(language)
+    tokenizer = _moses_tokenizer(language)  # MosesMissing without sacremoses
+    import sacremoses  # installed: the tokeniser above imported it
 
     def tokenize(lines):
         return [tokenizer.tokenize(line.lower(), aggressive_dash_splits=True, escape=False,
@@ -148,8 +149,6 @@ def moses_lowercased_bleu(hypotheses: Sequence[str], references: Sequence[str],
 
     metric = BLEU(tokenize="none", lowercase=True, force=True)  # force: tokenised on purpose
     score = metric.corpus_score(tokenize(hypotheses), [tokenize(references)])
-    import sacremoses
-
     return {"bleu_tok_lc": round(float(score.score), 2),
             "bleu_tok_lc_signature": f"moses:{language}+lc+aggressive-dash|sacremoses:"
                                      f"{getattr(sacremoses, '__version__', '?')}|"
