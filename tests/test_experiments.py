@@ -70,7 +70,7 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 28
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 29
     for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
                    "deep_post_deepnorm_lr1e-3", "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
@@ -100,6 +100,13 @@ def test_the_multi30k_suite_resolves_every_run():
     for key in ("vocab_size", "vocab_min_count"):
         deep_pre["data"].pop(key)
     assert larger == deep_pre
+    # The longer run differs from deep_pre in its train length only (an operational key, so a
+    # copy of a deep_pre run directory resumes as it: configs/multi30k/deep_pre_12k.yaml).
+    longer = config_to_dict(configs["deep_pre_12k"])
+    assert longer["training"].pop("train_steps") == 12000
+    longer["data"].pop("vocab_size"), longer["data"].pop("vocab_min_count")
+    deep_pre["training"].pop("train_steps")
+    assert longer == deep_pre
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.
