@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import pytest
 
@@ -206,7 +207,7 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     seed is known from the tool's record or from the run directory's config.  ``--seeds=2``
     names a new directory for a run the suite file gives seed 1 alone."""
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.experiments.stages import _check_seed
+    from deep_nmt_tf.experiments.recipe import check_seed as _check_seed
     from deep_nmt_tf.experiments.state import RunState as _State
     from deep_nmt_tf.run_dir import RunDir
 
@@ -238,7 +239,7 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
     _check_seed(run, None, str(tmp_path / "new"), _State(str(tmp_path / "new.json")))  # a new run
     # Another recipe in the same directory (a changed schedule) is refused, naming the keys;
     # how often it logs or checkpoints, how long it trains, or where the data lies may change.
-    from deep_nmt_tf.experiments.stages import _check_recipe
+    from deep_nmt_tf.experiments.recipe import check_recipe as _check_recipe
 
     seed1 = planned_runs(suite, only=["baseline"], seeds=[1])[0]
     base = ["training.seed=1", "training.schedule.type=inverse_sqrt"]
@@ -255,6 +256,95 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="--seeds"):
         run_suite(suite, str(tmp_path), str(tmp_path / "out"), overrides=["training.seed = 3"])
+
+
+def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeypatch):
+    """``continue_from``: a new run directory starts from a copy of another run's of the same
+    seed (checkpoints, config, curves; not its average or translations) and trains on from its
+    last checkpoint; the training record starts from the source's and names it.  Another
+    recipe, another model, a source as long as the run, an unknown run and a run directory
+    trained on its own are refused; a copy interrupted part-way is redone."""
+    from deep_nmt_tf import experiments
+    from deep_nmt_tf.experiments.suite import SuiteRun
+
+    _without_xla(monkeypatch)
+    data = _corpus(tmp_path / "data", sizes=(("train", 200), ("valid", 6), ("test2016", 5)))
+    out = str(tmp_path / "out")
+    config = os.path.join(os.path.dirname(SUITE), "baseline.yaml")
+
+    def entry(name, *overrides):
+        return SuiteRun(name=name, config=config, overrides=tuple(overrides))
+
+    suite = dataclasses.replace(load_suite(find_suite(SUITE)), runs=(
+        entry("short", "training.train_steps=30"), entry("long", "training.train_steps=50"),
+        entry("again", "training.train_steps=50"),
+        entry("smoothed", "training.train_steps=50", "training.label_smoothing=0.2"),
+        entry("deeper", "training.train_steps=50", "model.encoder.transformer.norm=pre"),
+        entry("as_long", "training.train_steps=30")), length_penalties=(0.6,),
+        length_penalty_extension=0, probe_runs=(), grad_norm_ratio_runs=())
+    overrides = TINY + ["training.checkpoint_every=10", "training.log_every=10"]
+    messages = []
+
+    def run(only, continue_from=None, stop_after="train"):
+        messages.clear()
+        return experiments.run_suite(suite, data, out, only=[only], overrides=overrides,
+                                     log=messages.append, stop_after=stop_after,
+                                     continue_from=continue_from)
+
+    def record(name):
+        return json.load(open(os.path.join(out, "runs", name, "experiment.json"),
+                              encoding="utf-8"))["training"]
+
+    run("short")
+    source = os.path.join(out, "runs", "short")
+    os.makedirs(os.path.join(source, "averaged"))  # what a scored source also holds
+    open(os.path.join(source, "test2016.hyp"), "w", encoding="utf-8").write("x\n")
+    for name, match in (("smoothed", "label_smoothing differ. --continue_from=short continues"),
+                        ("deeper", r"another model .*transformer.norm"),
+                        ("as_long", "has trained 30 updates, and 'as_long' trains 30")):
+        with pytest.raises(ValueError, match=match):
+            run(name, "short")
+    with pytest.raises(ValueError, match=r"--continue_from=nope: no run named so .*short"):
+        run("long", "nope")
+    with pytest.raises(SystemExit) as exit_:  # the flag, before any work (exit 2)
+        _experiment_here([f"--suite={SUITE}", f"--data_dir={data}", f"--output_dir={out}",
+                          "--only=baseline", "--continue_from=nope"])
+    assert exit_.value.code == 2 and not os.path.exists(os.path.join(out, "runs", "baseline"))
+    run("long", "short", stop_after=None)
+    assert "long: continues a copy of short from its update 30" in messages
+    assert "long: training from update 30 to 50" in messages  # not from 0
+    long_dir = os.path.join(out, "runs", "long")
+    assert not os.path.exists(os.path.join(long_dir, "averaged", "x")) and not any(
+        "short" in line for line in open(os.path.join(long_dir, "averaged",
+                                                      "averaged_checkpoints.txt")))
+    assert open(os.path.join(long_dir, "test2016.hyp")).read() != "x\n"  # its own
+    training = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))["long"][
+        "training"]
+    assert training["continued_from"] == {"run": "short", "update": 30}
+    assert training["updates"] == 50 and training["timed_from_update"] == 0
+    assert training["seconds"] > record("short")["seconds"]  # the source's clock, then its own
+    assert "(continued from short at 30)" in open(os.path.join(out, "results.md")).read()
+    run("long", "short", stop_after=None)  # done: nothing copied or trained again
+    assert not any("continues a copy" in m or "training from update" in m for m in messages)
+    with pytest.raises(ValueError, match="was continued from 'short', not 'again'"):
+        run("long", "again")
+    run("again")  # trained on its own
+    with pytest.raises(ValueError, match="trained on its own: --continue_from=short starts"):
+        run("again", "short")
+    # A copy killed part-way (the record says so) is made again.
+    partial = os.path.join(out, "runs", "smoothed")
+    shutil.rmtree(partial)
+    os.makedirs(partial)
+    json.dump({"training": {"continued_from": {"run": "short", "update": 30,
+                                               "incomplete": True}}},
+              open(os.path.join(partial, "experiment.json"), "w"))
+    suite = dataclasses.replace(suite, runs=suite.runs[:3] + (entry(
+        "smoothed", "training.train_steps=40"),) + suite.runs[4:])
+    run("smoothed", "short")
+    assert "smoothed: continues a copy of short from its update 30" in messages
+    assert "smoothed: training from update 30 to 40" in messages
+    assert record("smoothed")["continued_from"] == {"run": "short", "update": 30}
+    assert record("smoothed")["updates"] == 40
 
 
 def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path, monkeypatch):

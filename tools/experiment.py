@@ -55,6 +55,19 @@ changed); the archived runs OUTPUT_DIR lacks join results.json, the seed statist
 paired tests; a run found in the archive is not trained again (delete ``DIR/<run>`` to train
 it again; a changed recipe is refused).
 
+``--continue_from=RUN`` starts each new run directory from a copy of RUN's of the same seed
+(in OUTPUT_DIR) and trains on from its last checkpoint: for a run that is RUN trained longer,
+the same model and recipe but a larger ``training.train_steps`` (the schedules do not depend on
+the train length)::
+
+    deep-nmt-experiment --suite=multi30k ... --only=deep_pre_12k --seeds=3 --continue_from=deep_pre
+
+Its checkpoints, config, vocabulary and curves are copied, not its average, translations or
+scores; the training record (time, CPU time) starts from RUN's and names it
+(``training.continued_from`` in results.json); another model or recipe, a source with as many
+updates as the run trains, or a run directory that trained on its own is refused
+(:mod:`deep_nmt_tf.experiments.recipe`).
+
 ``--route=fit`` trains with Keras ``fit`` (the grad-norm ratio is off: no r_t curve for such a
 run); ``experiment.json`` records the route, the backend and the accelerator.
 
@@ -107,6 +120,10 @@ define_flags([
     (flags.DEFINE_enum, "stop_after", None, ["preprocess", "train", "average"],
      "Stop each run after this stage (e.g. preprocess here, train and average with "
      "--route=fit on a GPU machine, then run again here to decode and score)."),
+    (flags.DEFINE_string, "continue_from", None,
+     "A run of the suite (e.g. deep_pre): each new run directory starts from a copy of that "
+     "run's directory of the same seed and trains on from its last checkpoint (same model "
+     "and recipe, a longer train length)."),
 ])
 
 
@@ -158,7 +175,8 @@ def main(argv: Sequence[str]) -> None:
                             seeds=seeds, max_steps=FLAGS.max_steps, extra_tests=extra,
                             overrides=FLAGS.override,
                             max_train_minutes=FLAGS.max_train_minutes, route=FLAGS.route,
-                            stop_after=FLAGS.stop_after, archive_dir=FLAGS.archive_dir)
+                            stop_after=FLAGS.stop_after, archive_dir=FLAGS.archive_dir,
+                            continue_from=FLAGS.continue_from)
     except (ConfigError, DataError, FileNotFoundError, ValueError, RunLockError) as e:
         _fail(str(e))
     except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved

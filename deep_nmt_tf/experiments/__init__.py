@@ -7,7 +7,9 @@ scored, with the papers' figures:
   :func:`load_suite`, :func:`find_suite`) and its plan (:func:`planned_runs`);
 * :mod:`.state`: a run's ``experiment.json`` (what is done; every stage resumable);
 * :mod:`.stages`: the stages over the runner and the checkpoint store (:func:`run_one`,
-  :func:`run_suite`); :mod:`.averaged`: a run's checkpoint average;
+  :func:`run_suite`); :mod:`.averaged`: a run's checkpoint average; :mod:`.recipe`: which
+  run directory may hold which run (seed and recipe checks), and a run continued from a copy
+  of a shorter one (``--continue_from``);
 * :mod:`.statistics`: each system's scores over its seeds and its paired bootstrap
   comparisons with the reference systems (results.json's ``systems`` and ``comparisons``),
   and the suite's optional tokenised lowercased BLEU (``bleu_tok_lc``);

@@ -86,6 +86,9 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
         updates = str(t.get("updates", ""))
         if "budget" in t:
             updates += f" ({t['budget']['minutes']:g}-min budget)"
+        if "continued_from" in t:  # a copy of a shorter run, trained on (--continue_from)
+            updates += f" (continued from {t['continued_from']['run']} at " \
+                f"{t['continued_from']['update']})"
         cells = [name, f"{t.get('parameters', 0) / 1e6:.2f}M", t.get("precision", ""), updates,
                  minutes, str(r["decoding"]["length_penalty"])]
         for test in tests:

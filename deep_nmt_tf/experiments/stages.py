@@ -10,9 +10,12 @@ A run directory is only resumed for the run it was made for: one trained with an
 with another recipe (a training or data key that changes what is computed: the keys declared
 ``affects_results=False`` in the config schema, :func:`deep_nmt_tf.config.operational_keys`,
 may differ: the train length, logging, checkpointing, evaluation, compilation, data paths), is
-refused with the differing keys, and ``--override=training.seed=N`` is refused for ``--seeds``
-(which names the runs).  ``--max_train_minutes`` is a training action that asks the runner to
-stop (:meth:`~deep_nmt_tf.training.Runner.request_stop`) once the run's clock reaches it.
+refused with the differing keys (:mod:`.recipe`), and ``--override=training.seed=N`` is refused
+for ``--seeds`` (which names the runs).  A new run may start from a copy of another run of the
+same model and recipe but a shorter train length (``continue_from``, ``--continue_from``;
+:func:`~.recipe.continue_run`).  ``--max_train_minutes`` is a training action that asks the
+runner to stop (:meth:`~deep_nmt_tf.training.Runner.request_stop`) once the run's clock reaches
+it.
 
 ``OUTPUT_DIR`` receives ``runs/<run>/`` (the run directories, with ``averaged/`` and the
 translations), ``results.json`` (run -> test set -> ``{"bleu", "bleu_lc", "chrf"}``; each run
@@ -73,10 +76,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from absl import logging
 
 from deep_nmt_tf import run_lock
-from deep_nmt_tf.config import Config, load_config, operational_keys
+from deep_nmt_tf.config import load_config
 from deep_nmt_tf.decoding.scoring import table_scores
 from deep_nmt_tf.experiments.archive import Archive, archived_dirs
 from deep_nmt_tf.experiments.averaged import average, copied_after_average, listed
+from deep_nmt_tf.experiments.recipe import check_recipe, check_seed, continue_run
 from deep_nmt_tf.experiments.report import figures, write_results
 from deep_nmt_tf.experiments.state import RunState, read_lines, write_lines
 from deep_nmt_tf.experiments.statistics import (SCORE_KEYS, require_tokenizer, tokenized_bleu_lc,
@@ -113,54 +117,14 @@ def _write_token_ids(config, run_dir: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:
-    """Refuses a run directory trained with another seed (a directory adopted from
-    deep-nmt-train, or a suite file whose seed changed): resuming it would label one seed's
-    model as another's.
-    ``saved`` is the run directory's saved config (None for a new run)."""
-    seed = state.data.get("training", {}).get("seed")
-    if seed is None:
-        seed = None if saved is None else saved.training.seed
-    if seed is not None and int(seed) != run.seed:
-        raise ValueError(
-            f"{run_dir} holds {run.name!r} trained with training.seed={seed}, but seed "
-            f"{run.seed} was asked for: give another --output_dir, or rename the directory "
-            f"{run.base}-seed{seed} (--seeds={seed} names seed {seed}'s run so)")
-
-
-#: Keys a run's recipe may change between invocations of the tool: declared
-#: ``affects_results=False`` in the schema (how long it trains, how it is logged, checkpointed,
-#: evaluated and compiled, where its data lies; not what it computes).  (The model section is
-#: compared by the runner itself.)
-_OPERATIONAL_KEYS = frozenset(operational_keys(Config))
-
-
-def _check_recipe(run: PlannedRun, config, saved, run_dir: str, remedy: str = "Move that run "
-                  "directory aside (or give another --output_dir) to train the new recipe"):
-    """Refuses to resume (or re-score) a run directory trained with another recipe: a changed
-    schedule, optimiser, batch, precision or data setting would leave results that no recipe
-    file describes.  ``data.vocab`` (a path) is not compared; the vocabulary's identity is.
-    ``saved`` is the run directory's saved config (None for a new run)."""
-    from deep_nmt_tf.run_dir import config_differences
-
-    if saved is None:
-        return
-    changed = [k for section in ("training", "data")
-               for k in config_differences(saved, config, section) if k not in _OPERATIONAL_KEYS]
-    if changed:
-        raise ValueError(
-            f"{run_dir} holds {run.name!r} trained with another recipe than {run.config}: "
-            f"{', '.join(changed)} differ. {remedy}, or restore these keys")
-
-
 def _train(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable,
            max_train_minutes: Optional[float] = None) -> None:
     from deep_nmt_tf.run_dir import RunDir
     from deep_nmt_tf.training import Runner
 
     saved = RunDir(run_dir).saved_config()
-    _check_seed(run, saved, run_dir, state)
-    _check_recipe(run, config, saved, run_dir)
+    check_seed(run, saved, run_dir, state)
+    check_recipe(run, config, saved, run_dir)
     runner = Runner(config, run_dir)
     trainer = runner.trainer
     done = int(trainer.step.numpy())
@@ -217,8 +181,8 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
 
     rd = RunDir(run_dir)
     saved = rd.saved_config()
-    _check_seed(run, saved, run_dir, state)
-    _check_recipe(run, config, saved, run_dir)
+    check_seed(run, saved, run_dir, state)
+    check_recipe(run, config, saved, run_dir)
     if copied_after_average(run_dir, state, CheckpointStore(run_dir).list()):
         return
     if not os.path.exists(rd.token_file("train")):
@@ -416,9 +380,12 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
             dev: Tuple[str, str], tests: Dict[str, Tuple[str, str]], output_dir: str,
             max_steps: Optional[int] = None, overrides: Sequence[str] = (),
             log: Callable = logging.info, max_train_minutes: Optional[float] = None,
-            route: str = "custom", stop_after: Optional[str] = None) -> Optional[Dict]:
+            route: str = "custom", stop_after: Optional[str] = None,
+            continue_from: Optional[PlannedRun] = None) -> Optional[Dict]:
     """Trains, averages, decodes and scores one run (each stage skipped when done); returns
-    its results.json entry (None when ``stop_after`` stopped it before decoding)."""
+    its results.json entry (None when ``stop_after`` stopped it before decoding).
+    ``continue_from``: the run of the same seed whose directory a new run starts from a copy
+    of (:func:`~.recipe.continue_run`)."""
     _check_route(route, stop_after)
     run_dir = os.path.join(output_dir, "runs", run.name)
     os.makedirs(run_dir, exist_ok=True)
@@ -429,6 +396,10 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
         steps = min(config.training.train_steps, max_steps)
         config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra +
                              [f"training.train_steps={steps}"])
+    if continue_from is not None:
+        step = continue_run(continue_from, run, config, output_dir, state)
+        if step is not None:
+            log(f"{run.name}: continues a copy of {continue_from.name} from its update {step}")
     if stop_after == "preprocess":
         _write_token_ids(config, run_dir)
         return None
@@ -459,13 +430,13 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
 
 
 def _check_archived_recipe(run: PlannedRun, archive: Archive, overrides: Sequence[str]) -> None:
-    """Refuses an archived run whose recipe is not the suite's now (as :func:`_check_recipe`
+    """Refuses an archived run whose recipe is not the suite's now (as :func:`~.recipe.check_recipe`
     refuses a run directory's); a record archived without its config is not checked."""
     from deep_nmt_tf.run_dir import RunDir
 
     saved = RunDir(archive.run_dir(run.name)).saved_config()
     if saved is not None:
-        _check_recipe(run, load_config(run.config, overrides), saved, archive.run_dir(run.name),
+        check_recipe(run, load_config(run.config, overrides), saved, archive.run_dir(run.name),
                       "Delete that archived run (or give another --archive_dir) to train the "
                       "new recipe")
 
@@ -475,8 +446,8 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
               extra_tests: Sequence[Tuple[str, str, str]] = (),
               overrides: Sequence[str] = (), log: Callable = logging.info,
               max_train_minutes: Optional[float] = None, route: str = "custom",
-              stop_after: Optional[str] = None,
-              archive_dir: Optional[str] = None) -> Dict[str, Dict]:
+              stop_after: Optional[str] = None, archive_dir: Optional[str] = None,
+              continue_from: Optional[str] = None) -> Dict[str, Dict]:
     """Runs the suite (module docstring); returns and writes ``results.json``.
 
     Args:
@@ -498,8 +469,14 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
         decoded, scored or reported; module docstring); None: every stage.
       archive_dir: a results archive (:mod:`.archive`): every scored run is archived there,
         the archived runs join the report, and an archived run is not trained again.
+      continue_from: a run of the suite: each new run directory starts from a copy of that
+        run's directory of the same seed in ``output_dir`` and trains on from its last
+        checkpoint (:func:`~.recipe.continue_run`; the custom loop only).
     """
     _check_route(route, stop_after)
+    if continue_from and route != "custom":
+        raise ValueError(f"--continue_from={continue_from}: continues the custom loop's "
+                         f"checkpoints only, not --route={route}")
     if max_train_minutes is not None and not max_train_minutes > 0:
         raise ValueError(f"max_train_minutes={max_train_minutes}: must be > 0")
     require_tokenizer(suite)
@@ -529,6 +506,9 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
                       f"data.test_target={tests[suite.tests[0]][1]}"
                       if suite.tests else "data.test_target="]
     runs = planned_runs(suite, only, seeds)
+    if continue_from and continue_from not in {r.name for r in suite.runs}:
+        raise ValueError(f"--continue_from={continue_from}: no run named so in {suite.path} "
+                         f"(runs: {', '.join(r.name for r in suite.runs)})")
     os.makedirs(output_dir, exist_ok=True)
     results_path = os.path.join(output_dir, "results.json")
     results: Dict[str, Dict] = {}
@@ -549,8 +529,11 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
                 "again (delete that directory to train it again)")
             continue
         with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
+            source = planned_runs(suite, [continue_from], [run.seed])[0] if continue_from \
+                else None
             entry = run_one(run, suite, data_overrides, dev, tests, output_dir, max_steps,
-                            overrides, log, max_train_minutes, route=route, stop_after=stop_after)
+                            overrides, log, max_train_minutes, route=route, stop_after=stop_after,
+                            continue_from=source)
         if entry is None:  # stop_after: nothing decoded or scored
             continue
         results[run.name] = entry
