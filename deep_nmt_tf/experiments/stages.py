@@ -430,15 +430,16 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
 
 
 def _check_archived_recipe(run: PlannedRun, archive: Archive, overrides: Sequence[str]) -> None:
-    """Refuses an archived run whose recipe is not the suite's now (as :func:`~.recipe.check_recipe`
-    refuses a run directory's); a record archived without its config is not checked."""
+    """Refuses an archived run whose recipe is not the suite's now (as
+    :func:`~.recipe.check_recipe` refuses a run directory's); a record archived without its
+    config is not checked."""
     from deep_nmt_tf.run_dir import RunDir
 
     saved = RunDir(archive.run_dir(run.name)).saved_config()
     if saved is not None:
         check_recipe(run, load_config(run.config, overrides), saved, archive.run_dir(run.name),
-                      "Delete that archived run (or give another --archive_dir) to train the "
-                      "new recipe")
+                     "Delete that archived run (or give another --archive_dir) to train the "
+                     "new recipe")
 
 
 def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] = (),
