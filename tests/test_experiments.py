@@ -280,7 +280,8 @@ def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeyp
         entry("again", "training.train_steps=50"),
         entry("smoothed", "training.train_steps=50", "training.label_smoothing=0.2"),
         entry("deeper", "training.train_steps=50", "model.encoder.transformer.norm=pre"),
-        entry("as_long", "training.train_steps=30")), length_penalties=(0.6,),
+        entry("as_long", "training.train_steps=30"), entry("longer", "training.train_steps=60")),
+        length_penalties=(0.6,),
         length_penalty_extension=0, probe_runs=(), grad_norm_ratio_runs=())
     overrides = TINY + ["training.checkpoint_every=10", "training.log_every=10"]
     messages = []
@@ -328,6 +329,11 @@ def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeyp
     assert not any("continues a copy" in m or "training from update" in m for m in messages)
     with pytest.raises(ValueError, match="was continued from 'short', not 'again'"):
         run("long", "again")
+    run("longer", "long")  # a chain: the lineage is kept
+    assert record("longer")["continued_from"] == {
+        "run": "long", "update": 50,
+        "source_continued_from": {"run": "short", "update": 30}}
+    assert record("longer")["updates"] == 60
     run("again")  # trained on its own
     with pytest.raises(ValueError, match="trained on its own: --continue_from=short starts"):
         run("again", "short")

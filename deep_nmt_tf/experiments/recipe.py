@@ -19,7 +19,8 @@ copies ``runs/deep_pre-seed3`` (its checkpoints with the data iterator's positio
 vocabulary, metadata and training curves; not its average, translations, exports or scores) to
 ``runs/deep_pre_12k-seed3``, whose ``experiment.json`` starts with the source's training record
 (its clock and CPU time: the record counts the first updates too) and ``continued_from``
-(``{"run", "update"}``, kept in ``results.json``'s ``training``).  The source must hold the
+(``{"run", "update"}``, kept in ``results.json``'s ``training``; when the source was itself
+continued from another run, its own record is kept as ``source_continued_from``).  The source must hold the
 same model and seed, a recipe that differs only in operational keys, and fewer updates than
 the new run trains; it is locked while it is copied (a run still training is refused).  A copy
 interrupted part-way is redone; a run directory that already trained on its own, or was
@@ -145,6 +146,8 @@ def continue_run(source: PlannedRun, run: PlannedRun, config, output_dir: str,
         training = dict(RunState(os.path.join(source_dir, "experiment.json")).data.get(
             "training", {}))
     training.pop("budget", None)  # the source's own stop; this run has its own budget
+    if "continued_from" in training:  # a chain (6,000 -> 12,000 -> 24,000): keep the lineage
+        mark["source_continued_from"] = training["continued_from"]
     training["continued_from"] = mark
     state.data = {"training": training}
     state.save()
