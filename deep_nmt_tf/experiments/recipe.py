@@ -20,11 +20,11 @@ vocabulary, metadata and training curves; not its average, translations, exports
 ``runs/deep_pre_12k-seed3``, whose ``experiment.json`` starts with the source's training record
 (its clock and CPU time: the record counts the first updates too) and ``continued_from``
 (``{"run", "update"}``, kept in ``results.json``'s ``training``; when the source was itself
-continued from another run, its own record is kept as ``source_continued_from``).  The source must hold the
-same model and seed, a recipe that differs only in operational keys, and fewer updates than
-the new run trains; it is locked while it is copied (a run still training is refused).  A copy
-interrupted part-way is redone; a run directory that already trained on its own, or was
-continued from another run, is refused.
+continued from another run, its own record is kept as ``source_continued_from``).  The
+source must hold the same model and seed, a recipe that differs only in operational keys, and
+fewer updates than the new run trains; it is locked while it is copied (a run still training
+is refused).  A copy interrupted part-way is redone; a run directory that already trained on
+its own, or was continued from another run, is refused.
 """
 
 from __future__ import annotations
