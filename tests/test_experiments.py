@@ -7,6 +7,8 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -311,6 +313,22 @@ def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeyp
         _experiment_here([f"--suite={SUITE}", f"--data_dir={data}", f"--output_dir={out}",
                           "--only=baseline", "--continue_from=nope"])
     assert exit_.value.code == 2 and not os.path.exists(os.path.join(out, "runs", "baseline"))
+    # A source another process is writing (a training) is refused before anything is copied.
+    from deep_nmt_tf import run_lock
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom deep_nmt_tf "
+                               "import run_lock\nrun_lock.acquire(sys.argv[1], 'deep-nmt-train')"
+                               "\nprint('held', flush=True)\ntime.sleep(600)\n", source],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(run_lock.RunLockError, match=rf"process {holder.pid} "):
+            run("long", "short")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not [n for n in os.listdir(os.path.join(out, "runs", "long"))
+                if n != run_lock.LOCK_NAME]  # no record, no copy
     run("long", "short", stop_after=None)
     assert "long: continues a copy of short from its update 30" in messages
     assert "long: training from update 30 to 50" in messages  # not from 0

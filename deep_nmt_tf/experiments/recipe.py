@@ -95,30 +95,12 @@ def _copy(source_dir: str, run_dir: str) -> None:
             shutil.copy2(src, dst)
 
 
-def continue_run(source: PlannedRun, run: PlannedRun, config, output_dir: str,
-                 state: RunState) -> Optional[int]:
-    """Makes ``runs/<run.name>`` a copy of ``runs/<source.name>`` to train on from (module
-    docstring); returns the update it continues from, or None when that was done before.
-    ``config`` is the run's config as this invocation trains it; ``state`` its
-    ``experiment.json`` (saved here).  The caller holds the run directory's lock."""
-    from deep_nmt_tf import run_lock
+def _check_source(source: PlannedRun, run: PlannedRun, config, source_dir: str,
+                  flag: str) -> int:
+    """Refuses a source of another seed, model or recipe, or as long as the run; returns the
+    update of its last checkpoint."""
     from deep_nmt_tf.run_dir import RunDir, checkpoint_step, config_differences
 
-    run_dir = os.path.join(output_dir, "runs", run.name)
-    source_dir = os.path.join(output_dir, "runs", source.name)
-    flag = f"--continue_from={source.base}"
-    done = state.data.get("training", {}).get("continued_from")
-    if done is not None and done.get("run") != source.name:
-        raise ValueError(f"{run_dir} was continued from {done.get('run')!r}, not {source.name!r}"
-                         f" ({flag}): give another --output_dir, or drop {flag}")
-    if done is not None and not done.get("incomplete"):
-        return None
-    if done is None and ("training" in state.data or RunDir(run_dir).run_files()):
-        raise ValueError(f"{run_dir} already holds {run.name!r} trained on its own: {flag} "
-                         "starts a new run directory only (drop the flag to resume it, or move "
-                         "the directory aside)")
-    if source.name == run.name:
-        raise ValueError(f"{flag}: {run.name!r} cannot continue itself")
     checkpoints = RunDir(source_dir).list_checkpoints()
     saved = RunDir(source_dir).saved_config()
     if not checkpoints or saved is None:
@@ -138,10 +120,43 @@ def continue_run(source: PlannedRun, run: PlannedRun, config, output_dir: str,
         raise ValueError(f"{flag}: {source.name!r} has trained {step} updates, and "
                          f"{run.name!r} trains {config.training.train_steps}: nothing to "
                          "continue")
-    mark = {"run": source.name, "update": step}
-    state.data = {"training": {"continued_from": dict(mark, incomplete=True)}}
-    state.save()  # a copy interrupted from here on is redone
+    return step
+
+
+def continue_run(source: PlannedRun, run: PlannedRun, config, output_dir: str,
+                 state: RunState) -> Optional[int]:
+    """Makes ``runs/<run.name>`` a copy of ``runs/<source.name>`` to train on from (module
+    docstring); returns the update it continues from, or None when that was done before.
+    ``config`` is the run's config as this invocation trains it; ``state`` its
+    ``experiment.json`` (saved here).  The caller holds the run directory's lock."""
+    from deep_nmt_tf import run_lock
+    from deep_nmt_tf.run_dir import RunDir
+
+    run_dir = os.path.join(output_dir, "runs", run.name)
+    source_dir = os.path.join(output_dir, "runs", source.name)
+    flag = f"--continue_from={source.base}"
+    done = state.data.get("training", {}).get("continued_from")
+    if done is not None and done.get("run") != source.name:
+        raise ValueError(f"{run_dir} was continued from {done.get('run')!r}, not {source.name!r}"
+                         f" ({flag}): give another --output_dir, or drop {flag}")
+    if done is not None and not done.get("incomplete"):
+        return None
+    if done is None and ("training" in state.data or RunDir(run_dir).run_files()):
+        raise ValueError(f"{run_dir} already holds {run.name!r} trained on its own: {flag} "
+                         "starts a new run directory only (drop the flag to resume it, or move "
+                         "the directory aside)")
+    if source.name == run.name:
+        raise ValueError(f"{flag}: {run.name!r} cannot continue itself")
+    if not os.path.isdir(source_dir):
+        raise FileNotFoundError(f"{flag}: no run directory {source_dir} to continue from "
+                                f"(train {source.name!r} first, in this --output_dir)")
+    # The source's lock for the checks and the copy: a run still training is refused, and the
+    # checkpoint checked is the one copied.
     with run_lock.hold(source_dir, f"deep-nmt-experiment {flag}"):
+        step = _check_source(source, run, config, source_dir, flag)
+        mark = {"run": source.name, "update": step}
+        state.data = {"training": {"continued_from": dict(mark, incomplete=True)}}
+        state.save()  # a copy interrupted from here on is redone
         _copy(source_dir, run_dir)
         training = dict(RunState(os.path.join(source_dir, "experiment.json")).data.get(
             "training", {}))
