@@ -298,8 +298,9 @@ def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeyp
         return json.load(open(os.path.join(out, "runs", name, "experiment.json"),
                               encoding="utf-8"))["training"]
 
-    run("short")
+    run("short", "short")  # the source's own runs train as usual
     source = os.path.join(out, "runs", "short")
+    assert record("short")["updates"] == 30 and "continued_from" not in record("short")
     os.makedirs(os.path.join(source, "averaged"))  # what a scored source also holds
     open(os.path.join(source, "test2016.hyp"), "w", encoding="utf-8").write("x\n")
     for name, match in (("smoothed", "label_smoothing differ. --continue_from=short continues"),

@@ -63,7 +63,8 @@ the train length)::
     deep-nmt-experiment --suite=multi30k ... --only=deep_pre_12k --seeds=3 --continue_from=deep_pre
 
 Its checkpoints, config, vocabulary and curves are copied, not its average, translations or
-scores; the training record (time, CPU time) starts from RUN's and names it
+scores; RUN's own seeds train as usual (``--only=deep_pre,deep_pre_12k`` trains deep_pre, then
+continues it); the training record (time, CPU time) starts from RUN's and names it
 (``training.continued_from`` in results.json); another model or recipe, a source with as many
 updates as the run trains, or a run directory that trained on its own is refused
 (:mod:`deep_nmt_tf.experiments.recipe`).

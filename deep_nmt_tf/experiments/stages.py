@@ -470,9 +470,10 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
         decoded, scored or reported; module docstring); None: every stage.
       archive_dir: a results archive (:mod:`.archive`): every scored run is archived there,
         the archived runs join the report, and an archived run is not trained again.
-      continue_from: a run of the suite: each new run directory starts from a copy of that
-        run's directory of the same seed in ``output_dir`` and trains on from its last
-        checkpoint (:func:`~.recipe.continue_run`; the custom loop only).
+      continue_from: a run of the suite: each new run directory of another run starts from a
+        copy of that run's directory of the same seed in ``output_dir`` and trains on from its
+        last checkpoint (:func:`~.recipe.continue_run`; the custom loop only); that run's own
+        seeds train as usual, so ``only=[RUN, LONGER]`` trains RUN, then continues it.
     """
     _check_route(route, stop_after)
     if continue_from and route != "custom":
@@ -530,8 +531,8 @@ def run_suite(suite: Suite, data_dir: str, output_dir: str, only: Sequence[str] 
                 "again (delete that directory to train it again)")
             continue
         with run_lock.hold(os.path.join(output_dir, "runs", run.name), "deep-nmt-experiment"):
-            source = planned_runs(suite, [continue_from], [run.seed])[0] if continue_from \
-                else None
+            source = planned_runs(suite, [continue_from], [run.seed])[0] \
+                if continue_from and run.base != continue_from else None  # RUN's own: trained
             entry = run_one(run, suite, data_overrides, dev, tests, output_dir, max_steps,
                             overrides, log, max_train_minutes, route=route, stop_after=stop_after,
                             continue_from=source)
