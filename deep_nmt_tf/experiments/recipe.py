@@ -33,9 +33,11 @@ import os
 import shutil
 from typing import Optional
 
-from deep_nmt_tf.config import Config, operational_keys
+from deep_nmt_tf.config import Config, ConfigError, operational_keys
 from deep_nmt_tf.experiments.state import RunState
 from deep_nmt_tf.experiments.suite import PlannedRun
+from deep_nmt_tf.run_dir import AVERAGED_FILENAME, EXPORTS_DIRNAME
+from deep_nmt_tf.run_lock import LOCK_NAME
 
 __all__ = ["check_seed", "check_recipe", "continue_run", "NOT_COPIED"]
 
@@ -47,8 +49,8 @@ OPERATIONAL_KEYS = frozenset(operational_keys(Config))
 
 #: What a continued run does not take from its source: what the source made of its training
 #: (its average, translations, exports and the tool's record, rewritten) and its lock.
-NOT_COPIED = frozenset({"averaged", "averaged_checkpoints.txt", "exports", "experiment.json",
-                        "experiment.json.tmp", "run.lock", "run.lock.takeover"})
+NOT_COPIED = frozenset({"averaged", AVERAGED_FILENAME, EXPORTS_DIRNAME, "experiment.json",
+                        LOCK_NAME, LOCK_NAME + ".takeover"})
 
 
 def check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:
@@ -96,23 +98,24 @@ def _copy(source_dir: str, run_dir: str) -> None:
 
 
 def _check_source(source: PlannedRun, run: PlannedRun, config, source_dir: str,
-                  flag: str) -> int:
-    """Refuses a source of another seed, model or recipe, or as long as the run; returns the
-    update of its last checkpoint."""
-    from deep_nmt_tf.run_dir import RunDir, checkpoint_step, config_differences
+                  source_state: RunState, flag: str) -> int:
+    """Refuses a source of another seed, model, vocabulary or recipe, or as long as the run;
+    returns the update of its last checkpoint."""
+    from deep_nmt_tf.run_dir import RunDir, checkpoint_step
 
-    checkpoints = RunDir(source_dir).list_checkpoints()
-    saved = RunDir(source_dir).saved_config()
+    source_run = RunDir(source_dir)
+    checkpoints = source_run.list_checkpoints()
+    saved = source_run.saved_config()
     if not checkpoints or saved is None:
         raise FileNotFoundError(
             f"{flag}: {source_dir} holds no checkpoints of {source.name!r} to continue from "
             "(train it first, in this --output_dir; an archived run keeps none)")
-    check_seed(run, saved, source_dir, RunState(os.path.join(source_dir, "experiment.json")))
-    model = [k for k in config_differences(saved, config, "model")  # size 0: not yet read
-             if k != "model.vocab_size" or config.model.vocab_size]
-    if model:
-        raise ValueError(f"{flag}: {source_dir} holds another model than {run.config}: "
-                         f"{', '.join(model)} differ")
+    check_seed(run, saved, source_dir, source_state)
+    try:  # the runner's own check on resuming: model section, tokenizer, vocabulary
+        source_run.check_config(config)
+    except ConfigError as e:
+        raise ValueError(f"{flag}: {source_dir} holds another model or vocabulary than "
+                         f"{run.config}: {e}") from e
     check_recipe(run, config, saved, source_dir,
                  f"{flag} continues a run of the same recipe only")
     step = checkpoint_step(checkpoints[-1])
@@ -153,13 +156,13 @@ def continue_run(source: PlannedRun, run: PlannedRun, config, output_dir: str,
     # The source's lock for the checks and the copy: a run still training is refused, and the
     # checkpoint checked is the one copied.
     with run_lock.hold(source_dir, f"deep-nmt-experiment {flag}"):
-        step = _check_source(source, run, config, source_dir, flag)
+        source_state = RunState(os.path.join(source_dir, "experiment.json"))
+        step = _check_source(source, run, config, source_dir, source_state, flag)
         mark = {"run": source.name, "update": step}
         state.data = {"training": {"continued_from": dict(mark, incomplete=True)}}
         state.save()  # a copy interrupted from here on is redone
         _copy(source_dir, run_dir)
-        training = dict(RunState(os.path.join(source_dir, "experiment.json")).data.get(
-            "training", {}))
+    training = dict(source_state.data.get("training", {}))
     training.pop("budget", None)  # the source's own stop; this run has its own budget
     if "continued_from" in training:  # a chain (6,000 -> 12,000 -> 24,000): keep the lineage
         mark["source_continued_from"] = training["continued_from"]
