@@ -73,7 +73,7 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 29
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 30
     for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
                    "deep_post_deepnorm_lr1e-3", "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
@@ -108,6 +108,10 @@ def test_the_multi30k_suite_resolves_every_run():
     longer, base = (config_to_dict(configs[n]) for n in ("deep_pre_12k", "deep_pre"))
     assert [c["training"].pop("train_steps") for c in (longer, base)] == [12000, 6000]
     assert longer == base
+    # The anchor's batch differs from the baseline in its batch only.
+    b16k, baseline = (config_to_dict(configs[n]) for n in ("baseline_b16k", "baseline"))
+    assert [c["training"].pop("batch_tokens") for c in (b16k, baseline)] == [16384, 8192]
+    assert b16k == baseline
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.
