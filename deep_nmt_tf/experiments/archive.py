@@ -39,7 +39,7 @@ import os
 import shutil
 from typing import Callable, Dict, Mapping, Optional
 
-from deep_nmt_tf.experiments.state import write_json
+from deep_nmt_tf.experiments.state import RunState, write_json
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS
 from deep_nmt_tf.run_dir import file_sha256
 
@@ -185,7 +185,7 @@ class Archive:
             if name in REPORT_KEYS or "archive" in entry:
                 continue
             run_dir = os.path.join(output_dir, "runs", name)
-            if os.path.isfile(os.path.join(run_dir, "experiment.json")):
+            if RunState.exists(run_dir):
                 self.store(name, entry, run_dir)
         for name in self.runs():
             if name not in results or "archive" in results[name]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import List, Sequence
 
-from deep_nmt_tf.experiments.state import RunState
+from deep_nmt_tf.experiments.state import AVERAGED_DIRNAME, RunState
 from deep_nmt_tf.experiments.suite import PlannedRun
 
 __all__ = ["average", "copied_after_average", "listed"]
@@ -26,7 +26,7 @@ def average(run: PlannedRun, run_dir: str, state: RunState) -> str:
     then its decoding and test scores are dropped from ``state``); returns its directory."""
     from deep_nmt_tf.checkpoints import CheckpointStore
 
-    out = os.path.join(run_dir, "averaged")
+    out = os.path.join(run_dir, AVERAGED_DIRNAME)
     store = CheckpointStore(run_dir)
     checkpoints = store.list()[-run.average_last:]
     if copied_after_average(run_dir, state, checkpoints):
@@ -49,4 +49,4 @@ def copied_after_average(run_dir: str, state: RunState, checkpoints: Sequence[st
 
     averaged = state.data.get("averaged")
     return bool(averaged) and not checkpoints and bool(
-        CheckpointStore(os.path.join(run_dir, "averaged")).list())
+        CheckpointStore(os.path.join(run_dir, AVERAGED_DIRNAME)).list())

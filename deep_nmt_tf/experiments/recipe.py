@@ -34,7 +34,7 @@ import shutil
 from typing import Optional
 
 from deep_nmt_tf.config import Config, ConfigError, operational_keys
-from deep_nmt_tf.experiments.state import RunState
+from deep_nmt_tf.experiments.state import AVERAGED_DIRNAME, STATE_FILENAME, RunState
 from deep_nmt_tf.experiments.suite import PlannedRun
 from deep_nmt_tf.run_dir import AVERAGED_FILENAME, EXPORTS_DIRNAME
 from deep_nmt_tf.run_lock import LOCK_NAME
@@ -49,7 +49,7 @@ OPERATIONAL_KEYS = frozenset(operational_keys(Config))
 
 #: What a continued run does not take from its source: what the source made of its training
 #: (its average, translations, exports and the tool's record, rewritten) and its lock.
-NOT_COPIED = frozenset({"averaged", AVERAGED_FILENAME, EXPORTS_DIRNAME, "experiment.json",
+NOT_COPIED = frozenset({AVERAGED_DIRNAME, AVERAGED_FILENAME, EXPORTS_DIRNAME, STATE_FILENAME,
                         LOCK_NAME, LOCK_NAME + ".takeover"})
 
 
@@ -156,7 +156,7 @@ def continue_run(source: PlannedRun, run: PlannedRun, config, output_dir: str,
     # The source's lock for the checks and the copy: a run still training is refused, and the
     # checkpoint checked is the one copied.
     with run_lock.hold(source_dir, f"deep-nmt-experiment {flag}"):
-        source_state = RunState(os.path.join(source_dir, "experiment.json"))
+        source_state = RunState.of(source_dir)
         step = _check_source(source, run, config, source_dir, source_state, flag)
         mark = {"run": source.name, "update": step}
         state.data = {"training": {"continued_from": dict(mark, incomplete=True)}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from deep_nmt_tf.experiments.state import write_json
+from deep_nmt_tf.experiments.state import AVERAGED_DIRNAME, write_json
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
 
 __all__ = ["markdown", "seed_table", "comparison_table", "figures", "write_results"]
@@ -152,7 +152,7 @@ def figures(suite: Suite, runs: List[PlannedRun], output_dir: str, test: Tuple[s
                          figures=("transparent", "dlcl", "gates"), log=log)
     probe = [n for base in suite.probe_runs for n in by_base.get(base, [])]
     if probe:
-        results = probe_models([os.path.join(directory[n], "averaged") for n in probe], probe,
+        results = probe_models([os.path.join(directory[n], AVERAGED_DIRNAME) for n in probe], probe,
                                source=test[0], target=test[1], max_sentences=500)
         written += save_results(results, os.path.join(figures_dir, "probe"))
     return written

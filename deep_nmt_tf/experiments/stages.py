@@ -389,7 +389,7 @@ def run_one(run: PlannedRun, suite: Suite, data_overrides: Sequence[str],
     _check_route(route, stop_after)
     run_dir = os.path.join(output_dir, "runs", run.name)
     os.makedirs(run_dir, exist_ok=True)
-    state = RunState(os.path.join(run_dir, "experiment.json"))
+    state = RunState.of(run_dir)
     extra = [f"training.seed={run.seed}"] + list(overrides)
     config = load_config(run.config, list(data_overrides) + list(run.overrides) + extra)
     if max_steps:

@@ -8,7 +8,13 @@ import json
 import os
 from typing import Dict, List, Sequence
 
-__all__ = ["RunState", "read_lines", "write_lines", "write_json"]
+__all__ = ["AVERAGED_DIRNAME", "STATE_FILENAME", "RunState", "read_lines", "write_lines",
+           "write_json"]
+
+#: A run directory's record of the suite's stages (:class:`RunState`).
+STATE_FILENAME = "experiment.json"
+#: A run directory's checkpoint average (:mod:`.averaged`).
+AVERAGED_DIRNAME = "averaged"
 
 
 class RunState:
@@ -20,6 +26,16 @@ class RunState:
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 self.data = json.load(f)
+
+    @classmethod
+    def of(cls, run_dir: str) -> "RunState":
+        """The state of the run directory ``run_dir`` (empty when it has none yet)."""
+        return cls(os.path.join(run_dir, STATE_FILENAME))
+
+    @staticmethod
+    def exists(run_dir: str) -> bool:
+        """Whether ``run_dir`` has a state file (the suite has worked on it)."""
+        return os.path.isfile(os.path.join(run_dir, STATE_FILENAME))
 
     def save(self) -> None:
         write_json(self.path, self.data)

@@ -261,9 +261,9 @@ def _recorded_references(results: Mapping[str, Dict], output_dir: str) -> Dict[s
 
     out: Dict[str, str] = {}
     for run in _runs(results):
-        path = os.path.join(output_dir, "runs", run, "experiment.json")
-        if os.path.isfile(path):
-            for test, scores in RunState(path).data.get("tests", {}).items():
+        run_dir = os.path.join(output_dir, "runs", run)
+        if RunState.exists(run_dir):
+            for test, scores in RunState.of(run_dir).data.get("tests", {}).items():
                 if scores.get("reference"):
                     out.setdefault(test, scores["reference"])
     return out
