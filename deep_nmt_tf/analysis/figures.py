@@ -93,7 +93,9 @@ def plot_grad_norm_ratio(runs, labels, output_dir, smoothing=0.0, log_scale=True
     if not have:
         return []
     written = []
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    # More than three curves: the legend goes to the right of the axes, not over the curves.
+    outside = len(have) > 3
+    fig, ax = plt.subplots(figsize=(8.8 if outside else 6.4, 4.2))
     for run, label in have:
         steps, values = run.scalar("grad_norm_ratio", ("train",))
         ax.plot(steps, smooth(values, smoothing), marker="." if len(steps) < 50 else None,
@@ -104,7 +106,10 @@ def plot_grad_norm_ratio(runs, labels, output_dir, smoothing=0.0, log_scale=True
     ax.set_title("Grad-norm ratio (Bapna et al. 2018, Fig. 1-3)")
     if log_scale:
         ax.set_yscale("log")
-    ax.legend()
+    if outside:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    else:
+        ax.legend()
     ax.grid(alpha=0.3)
     path = os.path.join(output_dir, "grad_norm_ratio.png")
     fig.tight_layout()
