@@ -73,7 +73,7 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 30
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 31
     for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
                    "deep_post_deepnorm_lr1e-3", "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
@@ -112,6 +112,7 @@ def test_the_multi30k_suite_resolves_every_run():
     b16k, baseline = (config_to_dict(configs[n]) for n in ("baseline_b16k", "baseline"))
     assert [c["training"].pop("batch_tokens") for c in (b16k, baseline)] == [16384, 8192]
     assert b16k == baseline
+    _check_wide(configs["wide"], configs["baseline"], configs["deep_pre"], vocab_size=6453)
     with pytest.raises(ValueError, match="no run named 'nope'"):
         planned_runs(suite, only=["nope"])
     # --only takes a suite run (all its seeds) or one seeded run by its name.
@@ -122,6 +123,22 @@ def test_the_multi30k_suite_resolves_every_run():
                                                    ("deep_post_transparent-seed1", 1)]
 
 
+def _check_wide(wide, baseline, deep_pre, vocab_size):
+    """The widened baseline differs from the baseline in its width only, and has the deep
+    pre-norm encoder's parameters within 3% (the depth-against-capacity control)."""
+    from deep_nmt_tf.config import config_to_dict
+    from deep_nmt_tf.sizing import count_parameters
+
+    wide_dict, base_dict = config_to_dict(wide), config_to_dict(baseline)
+    assert [d["model"].pop("d_model") for d in (wide_dict, base_dict)] == [184, 128]
+    for side in ("encoder", "decoder"):
+        stacks = [d["model"][side]["transformer"] for d in (wide_dict, base_dict)]
+        assert [stack.pop("ffn_dim") for stack in stacks] == [368, 256]
+    assert wide_dict == base_dict
+    params = [count_parameters(c.model, vocab_size)["total"] for c in (wide, deep_pre, baseline)]
+    assert abs(params[0] / params[1] - 1) < 0.03 and params[0] > 1.6 * params[2], params
+
+
 def test_the_tatoeba_suite_resolves_every_run():
     suite = load_suite(find_suite(os.path.join(ROOT, "configs", "tatoeba", "suite.yaml")))
     from deep_nmt_tf.config import load_config
@@ -129,11 +146,13 @@ def test_the_tatoeba_suite_resolves_every_run():
     configs = {r.name: load_config(r.config) for r in planned_runs(suite)}
     assert list(configs) == ["baseline", "deep_post", "deep_post_transparent",
                              "deep_post_deepnorm", "deep_post_deepnorm_lr1e-3",
-                             "deep_post_admin", "deep_pre"]
+                             "deep_post_admin", "deep_pre", "wide"]
     assert {c.training.train_steps for c in configs.values()} == {12000}
     encoders = {name: c.model.encoder.get() for name, c in configs.items()}
     assert encoders["baseline"].num_layers == 4
-    assert {encoders[n].num_layers for n in configs if n != "baseline"} == {18}
+    assert encoders["wide"].num_layers == 4
+    assert {encoders[n].num_layers for n in configs if n not in ("baseline", "wide")} == {18}
+    _check_wide(configs["wide"], configs["baseline"], configs["deep_pre"], vocab_size=7767)
     assert encoders["deep_post_deepnorm"].residual_scaling.method == "deepnorm"
     assert encoders["deep_post_admin"].residual_scaling.method == "admin"
     rates = {n: c.training.schedule.get().learning_rate for n, c in configs.items()}
