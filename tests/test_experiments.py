@@ -843,6 +843,48 @@ def test_the_report_gives_each_system_its_seed_statistics_and_paired_comparisons
     assert again["deep_pre", "baseline", "bleu"] == by_key["deep_pre", "baseline", "bleu"]
 
 
+def test_the_report_says_how_far_dev_predicted_test_across_the_runs(tmp_path):
+    """dev_test: every run with a dev score is a point; a run that failed to train counts in
+    "all" and not "near_best"; the run with the best dev score and its regret on test."""
+    from deep_nmt_tf.decoding.significance import score_agreement
+    from deep_nmt_tf.experiments import statistics
+    from deep_nmt_tf.experiments.report import markdown as _markdown
+
+    suite, results, out, refs = _suite_on_disk(tmp_path, {
+        "baseline-seed1": (1, WEAK), "baseline-seed2": (2, WEAK), "deep_pre-seed1": (1, REFS),
+        "deep_pre-seed2": (2, REFS), "other": (1, WEAK)})
+    points = {"baseline-seed1": (39.1, 38.9), "baseline-seed2": (39.4, 38.5),
+              "deep_pre-seed1": (41.3, 40.0), "deep_pre-seed2": (41.4, 39.6),
+              "other": (2.2, 2.5)}  # "other" failed to train
+    for name, (dev, test) in points.items():
+        results[name]["decoding"].update(dev_bleu=dev, dev_metric="bleu")
+        results[name]["test2016"]["bleu_lc"] = test
+    results["gone"] = {"training": {}, "decoding": {"length_penalty": 1.0},  # no dev score
+                       "test2016": {"bleu_lc": 99.0, "bleu": 99.0, "chrf": 99.0}}
+    statistics.update_report(suite, results, refs, out, log=lambda m: None)
+    got = results["dev_test"]["test2016"]
+    assert got["metric"] == "bleu_lc" and got["dev_metric"] == "bleu"
+    assert got["all"]["n"] == 5 and "gone" not in got["all"]["runs"]
+    near = got["near_best"]
+    assert near["runs"] == ["baseline-seed1", "baseline-seed2", "deep_pre-seed1",
+                            "deep_pre-seed2"]
+    names = near["runs"]
+    want = score_agreement([points[n][0] for n in names], [points[n][1] for n in names])
+    assert near["pearson"] == pytest.approx(want["pearson"]) and near["pearson"] < 0.99
+    assert got["all"]["pearson"] > 0.99  # the failed run alone makes dev look perfect
+    assert near["dev_choice"] == {"run": "deep_pre-seed2", "dev": 41.4, "test": 39.6}
+    assert near["test_best"]["run"] == "deep_pre-seed1"
+    assert near["regret"] == pytest.approx(0.4)
+    table = _markdown(results, ["test2016"])
+    assert re.search(r"test2016, runs within 5 dev points of the best: 4 runs: Pearson r "
+                     r"0\.\d\d.*deep_pre-seed2 \(dev 41\.40\), scores 39\.60 on test: 0\.40 below "
+                     r"the best on test, deep_pre-seed1", table)
+    # Fewer than three runs with a dev score: said, not computed.
+    few = {n: results[n] for n in ("baseline-seed1", "deep_pre-seed1")}
+    assert statistics.dev_test_agreement(few, ["test2016"])["test2016"]["all"] is None
+    assert statistics.dev_test_agreement({}, ["test2016"]) == {}
+
+
 def test_moses_lowercased_bleu_scores_the_official_tokenised_text():
     """bleu_tok_lc: both sides lowercased and Moses-tokenised with aggressive hyphen splitting,
     then BLEU on those tokens; differs from 13a where the two tokenisers split differently."""

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from deep_nmt_tf.decoding.significance import (call_effect, paired_bootstrap, seed_statistics)
+from deep_nmt_tf.decoding.significance import (call_effect, paired_bootstrap, score_agreement,
+                                               seed_statistics)
 
 REFS = [f"ein mann fährt fahrrad nummer {i} auf der strasse ." for i in range(60)]
 
@@ -75,3 +76,32 @@ def test_the_interval_of_the_difference_comes_from_sacrebleus_resamples():
     lo, hi = out["near"]["delta_ci95"]  # one sentence fixed: the interval reaches 0
     assert lo <= 0 <= hi and lo <= out["near"]["delta"] <= hi
     assert "delta_ci95" not in out["baseline"]
+
+
+def test_score_agreement_matches_numpys_correlation_and_least_squares_line():
+    np = pytest.importorskip("numpy")
+    dev = [39.2, 40.9, 41.3, 38.7, 40.1, 41.3, 39.9]
+    test = [38.9, 40.0, 40.1, 38.5, 39.6, 39.4, 40.3]
+    got = score_agreement(dev, test)
+    slope, intercept = np.polyfit(dev, test, 1)
+    residuals = np.array(test) - (slope * np.array(dev) + intercept)
+    assert got["n"] == 7
+    assert got["pearson"] == pytest.approx(np.corrcoef(dev, test)[0, 1])
+    assert got["slope"] == pytest.approx(slope) and got["intercept"] == pytest.approx(intercept)
+    assert got["residual_std"] == pytest.approx(math.sqrt((residuals ** 2).sum() / 5))
+    # Spearman = Pearson of the ranks, the tied dev scores (41.3 twice) sharing rank 6.5.
+    dev_ranks = [2, 5, 6.5, 1, 4, 6.5, 3]
+    test_ranks = [2, 5, 6, 1, 4, 3, 7]
+    assert got["spearman"] == pytest.approx(np.corrcoef(dev_ranks, test_ranks)[0, 1])
+
+
+def test_score_agreement_undefined_cases():
+    flat = score_agreement([40.0, 40.0, 40.0], [39.0, 40.0, 41.0])  # dev says nothing
+    assert flat["pearson"] is None and flat["spearman"] is None and flat["slope"] is None
+    two = score_agreement([39.0, 41.0], [38.0, 40.0])
+    assert two["pearson"] == pytest.approx(1.0) and two["residual_std"] is None
+    assert score_agreement([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])["spearman"] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="two points"):
+        score_agreement([40.0], [39.0])
+    with pytest.raises(ValueError, match="3 x values against 2"):
+        score_agreement([1.0, 2.0, 3.0], [1.0, 2.0])

@@ -29,8 +29,12 @@ seeds) its mean, standard deviation and 95% t-interval over the seeds (results.j
 and ``deep_pre``, those present) by sacreBLEU's paired bootstrap (1,000 resamples, 95%
 intervals) on the same test sentences, seed s against seed s, with the verdict of
 :func:`~deep_nmt_tf.decoding.significance.call_effect` (``comparisons``; results.md shows both
-tables).  Both are rebuilt from every run on disk whenever the tool runs (``--only`` keeps the
-other systems; nothing is retrained or decoded again; a pair already tested is reused).
+tables).  It also says how far the dev score predicted the test score across the runs
+(``dev_test``: Pearson and Spearman correlations, the least-squares line, the residual spread,
+and what picking the run with the best dev score gave on test, over all runs and over those
+within 5 dev BLEU of the best).  All are rebuilt from every run on disk whenever the tool runs
+(``--only`` keeps the other systems; nothing is retrained or decoded again; a pair already
+tested is reused).
 
 ``--max_train_minutes=M`` gives each run a training-time budget: its training stops (with a
 checkpoint) once the run's clock, summed over resumes, reaches M minutes, and the run is

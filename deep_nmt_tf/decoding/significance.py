@@ -15,6 +15,10 @@ Two kinds of uncertainty, reported side by side because neither covers the other
 only when the seeds and the test agree (every seed pair significant in the same direction and
 the seed means ordered the same way).
 
+:func:`score_agreement` says how well one score predicts another across runs (the dev score a
+run is chosen by against its test score): Pearson's and Spearman's correlations, the
+least-squares line and the spread of the runs about it.
+
 No TensorFlow is imported here.
 """
 
@@ -24,7 +28,7 @@ import math
 import os
 from typing import Dict, List, Mapping, Sequence
 
-__all__ = ["seed_statistics", "paired_bootstrap", "call_effect", "T_975"]
+__all__ = ["seed_statistics", "paired_bootstrap", "call_effect", "score_agreement", "T_975"]
 
 #: Two-sided 95% quantiles of Student's t distribution by degrees of freedom (1-30).
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
@@ -177,3 +181,61 @@ def call_effect(system_scores: Sequence[float], baseline_scores: Sequence[float]
     if diff and same_sign and all(p < alpha for p in p_values):
         return "better" if diff > 0 else "worse"
     return "no effect established"
+
+
+def _ranks(values: Sequence[float]) -> List[float]:
+    """1-based ranks, ties sharing the mean of their ranks (as Spearman's rho asks)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def _pearson(x: Sequence[float], y: Sequence[float]):
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    return None if sxx == 0 or syy == 0 else sxy / math.sqrt(sxx * syy)
+
+
+def score_agreement(x: Sequence[float], y: Sequence[float]) -> Dict[str, object]:
+    """How well ``x`` (e.g. each run's dev BLEU) predicts ``y`` (its test BLEU) across runs.
+
+    Returns ``{"n", "pearson", "spearman", "slope", "intercept", "residual_std"}``: the two
+    correlations, the least-squares line ``y = slope * x + intercept`` and the sample standard
+    deviation of the residuals about it (``n - 2`` degrees of freedom: how far a run's ``y``
+    typically lies from what its ``x`` predicts).  A correlation or the line is ``None`` where
+    it is undefined (a constant ``x`` or ``y``; the residual spread needs three runs).
+
+    >>> a = score_agreement([1.0, 2.0, 3.0, 4.0], [2.0, 4.1, 5.9, 8.0])
+    >>> round(a["pearson"], 4), a["spearman"], round(a["slope"], 2), round(a["intercept"], 2)
+    (0.9995, 1.0, 1.98, 0.05)
+    """
+    x, y = [float(v) for v in x], [float(v) for v in y]
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} x values against {len(y)} y values")
+    if len(x) < 2:
+        raise ValueError(f"score_agreement needs two points or more, got {len(x)}")
+    n = len(x)
+    out: Dict[str, object] = {"n": n, "pearson": _pearson(x, y),
+                              "spearman": _pearson(_ranks(x), _ranks(y)),
+                              "slope": None, "intercept": None, "residual_std": None}
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((a - mx) ** 2 for a in x)
+    if sxx > 0:
+        slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx
+        intercept = my - slope * mx
+        out.update(slope=slope, intercept=intercept)
+        if n > 2:
+            out["residual_std"] = math.sqrt(
+                sum((b - (slope * a + intercept)) ** 2 for a, b in zip(x, y)) / (n - 2))
+    return out

@@ -1,8 +1,9 @@
 """The report of an experiment suite: ``results.json`` and ``results.md`` (the table, with the
 machines each run trained on; then, from results.json's ``systems`` and ``comparisons``
 (:mod:`.statistics`), the table of each system over its seeds and the table of its paired
-comparisons) and ``figures/`` (r_t curves, transparent-attention weights, DLCL matrices,
-lexical shortcut gates, embedding-to-layer similarity)."""
+comparisons; from its ``dev_test``, how far dev predicted test across the runs) and
+``figures/`` (r_t curves, transparent-attention weights, DLCL matrices, lexical shortcut gates,
+embedding-to-layer similarity)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from deep_nmt_tf.experiments.state import AVERAGED_DIRNAME, write_json
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
 
-__all__ = ["markdown", "seed_table", "comparison_table", "figures", "write_results"]
+__all__ = ["markdown", "seed_table", "comparison_table", "dev_test_text", "figures",
+           "write_results"]
 
 _METRIC_NAMES = {"bleu_lc": "BLEU lc", "bleu": "BLEU", "chrf": "chrF",
                  "bleu_tok_lc": "BLEU tok lc"}
@@ -68,6 +70,38 @@ def comparison_table(comparisons: Sequence[Dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _agreement_sentence(a: Dict) -> str:
+    choice, best = a["dev_choice"], a["test_best"]
+    picked = ("it is also the best on test" if a["regret"] == 0 else
+              f"{a['regret']:.2f} below the best on test, {best['run']} "
+              f"(dev {best['dev']:.2f}, test {best['test']:.2f})")
+    return (f"{a['n']} runs: Pearson r {_fmt(a['pearson'], '.2f')}, Spearman "
+            f"{_fmt(a['spearman'], '.2f')}, {_fmt(a['slope'], '+.2f')} test per dev point, "
+            f"residual standard deviation {_fmt(a['residual_std'], '.2f')}; the best dev score, "
+            f"{choice['run']} (dev {choice['dev']:.2f}), scores {choice['test']:.2f} on test: "
+            f"{picked}")
+
+
+def dev_test_text(dev_test: Dict[str, Dict]) -> str:
+    """results.md's paragraph on results.json's ``dev_test``: one line per test set and set
+    of runs (all, and those near the best dev score)."""
+    lines = ["How far the dev score predicts the test score across the runs (each seed a run; "
+             "dev: the score that chose the length penalty; test: lowercased BLEU):", ""]
+    for test, d in dev_test.items():
+        for key, label in (("all", "all runs"),
+                           ("near_best", f"runs within {d['near_best_dev']:g} dev points of the "
+                                         "best")):
+            if d.get(key):
+                lines.append(f"- {test}, {label}: {_agreement_sentence(d[key])}.")
+            else:
+                lines.append(f"- {test}, {label}: fewer than three runs.")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
     """``results.md``: the runs' table, then the systems' and the comparisons' tables when
     results.json has them."""
@@ -120,6 +154,8 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
         lines += ["", seed_table(report["systems"], tests).rstrip("\n")]
     if report.get("comparisons"):
         lines += ["", comparison_table(report["comparisons"]).rstrip("\n")]
+    if report.get("dev_test"):
+        lines += ["", dev_test_text(report["dev_test"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,15 @@ Moses-tokenised text, :func:`~deep_nmt_tf.decoding.scoring.moses_lowercased_bleu
 adds it to each run's entry when the run is scored (:func:`tokenized_bleu_lc`), and the report
 fills it in for entries that lack it (runs scored or archived before) from their translations
 (:func:`add_tokenized_bleu`); it joins the seed statistics, not the paired tests.
+
+``dev_test`` (:func:`dev_test_agreement`) asks how far the dev score, by which each run's
+length penalty is chosen and by which a user would pick among runs, predicts the test score,
+over every run of the report (each seed a point): per test set, the correlations and the
+least-squares line of test BLEU (lowercased) on dev BLEU, and what picking the run with the
+best dev score would have given on the test set against the best test score ("regret"); both
+over all runs and over the runs within :data:`NEAR_BEST_DEV` dev BLEU of the best (those a
+choice is really between: a run that failed to train is an easy call and would inflate the
+correlation).
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from deep_nmt_tf.experiments.suite import REPORT_KEYS, RESERVED_KEYS, Suite
 
 __all__ = ["SEED_METRICS", "SCORE_KEYS", "COMPARED_METRICS", "N_SAMPLES", "system_statistics",
            "compare_systems", "require_tokenizer", "tokenized_bleu_lc", "add_tokenized_bleu",
-           "update_report"]
+           "update_report", "dev_test_agreement", "NEAR_BEST_DEV"]
 
 #: The scores summarised over seeds (``bleu_tok_lc`` where every seed of a system has it), and
 #: the BLEU variants tested (name -> lowercased).
@@ -59,6 +68,10 @@ SCORE_KEYS = SEED_METRICS
 COMPARED_METRICS = {"bleu_lc": True, "bleu": False}
 #: Bootstrap resamples per test (sacreBLEU's default).
 N_SAMPLES = 1000
+#: dev_test's "near_best": the runs whose dev score is within this many points of the best.
+NEAR_BEST_DEV = 5.0
+#: The test score dev_test predicts (each run's dev score is its ``decoding.dev_bleu``).
+AGREEMENT_METRIC = "bleu_lc"
 
 
 def _runs(results: Mapping[str, Dict]) -> Dict[str, Dict]:
@@ -208,6 +221,49 @@ def compare_systems(suite: Suite, systems: Mapping[str, Dict], references: Mappi
     return planned
 
 
+def _agreement(points: Sequence[Tuple[str, float, float]]) -> Optional[Dict]:
+    """score_agreement of (run, dev, test) points, with the dev-chosen and the best test run;
+    ``None`` under three points."""
+    from deep_nmt_tf.decoding.significance import score_agreement
+
+    if len(points) < 3:
+        return None
+    out = score_agreement([p[1] for p in points], [p[2] for p in points])
+    # Ties go to the first run by name, so the pick does not depend on dictionary order.
+    chosen = max(sorted(points), key=lambda p: p[1])
+    best = max(sorted(points), key=lambda p: p[2])
+    out.update(runs=[p[0] for p in points],
+               dev_choice={"run": chosen[0], "dev": chosen[1], "test": chosen[2]},
+               test_best={"run": best[0], "dev": best[1], "test": best[2]},
+               regret=best[2] - chosen[2])
+    return out
+
+
+def dev_test_agreement(results: Mapping[str, Dict], tests: Sequence[str] = (),
+                       near_best: float = NEAR_BEST_DEV) -> Dict[str, Dict]:
+    """``dev_test`` of results.json (module docstring): test set -> ``{"metric", "dev_metric",
+    "near_best_dev", "all", "near_best"}``, the last two from :func:`_agreement` (``None``
+    under three runs).  A run counts where its entry has a dev score (``decoding.dev_bleu``)
+    and the test set's ``bleu_lc``; ``tests`` orders the test sets (others follow by name)."""
+    runs = _runs(results)
+    found = sorted({t for e in runs.values() for t in _test_names(e)})
+    out: Dict[str, Dict] = {}
+    for test in [t for t in tests if t in found] + [t for t in found if t not in tests]:
+        points = sorted((name, float(e["decoding"]["dev_bleu"]), float(e[test][AGREEMENT_METRIC]))
+                        for name, e in runs.items()
+                        if e.get("decoding", {}).get("dev_bleu") is not None
+                        and AGREEMENT_METRIC in e.get(test, {}))
+        if not points:
+            continue
+        metrics = {e["decoding"].get("dev_metric", "bleu") for name, e in runs.items()
+                   if name in {p[0] for p in points}}
+        top = max(p[1] for p in points)
+        out[test] = {"metric": AGREEMENT_METRIC, "dev_metric": ", ".join(sorted(metrics)),
+                     "near_best_dev": near_best, "all": _agreement(points),
+                     "near_best": _agreement([p for p in points if p[1] >= top - near_best])}
+    return out
+
+
 def require_tokenizer(suite: Suite) -> None:
     """Raises ConfigError (naming the suite file and key) when the suite asks for
     ``bleu_tok_lc`` and ``sacremoses`` is not installed: before any run trains."""
@@ -271,9 +327,9 @@ def _recorded_references(results: Mapping[str, Dict], output_dir: str) -> Dict[s
 
 def update_report(suite: Suite, results: Dict[str, Dict], references: Mapping[str, str],
                   output_dir: str, log: Callable = print) -> None:
-    """Sets ``results["systems"]`` and ``results["comparisons"]`` from the runs' entries and
-    translations (``references``: this invocation's test sets; those of earlier ones come from
-    the runs' records)."""
+    """Sets ``results["systems"]``, ``results["comparisons"]`` and ``results["dev_test"]`` from
+    the runs' entries and translations (``references``: this invocation's test sets; those of
+    earlier ones come from the runs' records)."""
     from deep_nmt_tf.experiments.archive import archived_dirs
 
     refs = dict(_recorded_references(results, output_dir), **references)
@@ -284,3 +340,4 @@ def update_report(suite: Suite, results: Dict[str, Dict], references: Mapping[st
                                              results.get("comparisons", ()), log,
                                              hyp_dirs=archived)
     results["systems"] = systems
+    results["dev_test"] = dev_test_agreement(results, list(references))

@@ -43,8 +43,9 @@ __all__ = ["SuiteRun", "Suite", "load_suite", "find_suite", "PlannedRun", "plann
 RESERVED_KEYS = ("training", "decoding", "archive")
 
 #: results.json's top-level keys beside the runs' entries (no run may be named so): the seed
-#: statistics of each system and its paired comparisons (:mod:`.statistics`).
-REPORT_KEYS = ("systems", "comparisons")
+#: statistics of each system, its paired comparisons and how far dev predicts test across the
+#: runs (:mod:`.statistics`).
+REPORT_KEYS = ("systems", "comparisons", "dev_test")
 
 #: The reference systems of the papers' suites: the shallow baseline and the deep pre-norm
 #: encoder (those of them a suite has).
