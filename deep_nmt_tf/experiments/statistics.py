@@ -249,14 +249,14 @@ def dev_test_agreement(results: Mapping[str, Dict], tests: Sequence[str] = (),
     found = sorted({t for e in runs.values() for t in _test_names(e)})
     out: Dict[str, Dict] = {}
     for test in [t for t in tests if t in found] + [t for t in found if t not in tests]:
-        points = sorted((name, float(e["decoding"]["dev_bleu"]), float(e[test][AGREEMENT_METRIC]))
-                        for name, e in runs.items()
-                        if e.get("decoding", {}).get("dev_bleu") is not None
-                        and AGREEMENT_METRIC in e.get(test, {}))
-        if not points:
+        counted = {name: e for name, e in runs.items()
+                   if e.get("decoding", {}).get("dev_bleu") is not None
+                   and AGREEMENT_METRIC in e.get(test, {})}
+        if not counted:
             continue
-        metrics = {e["decoding"].get("dev_metric", "bleu") for name, e in runs.items()
-                   if name in {p[0] for p in points}}
+        points = sorted((name, float(e["decoding"]["dev_bleu"]), float(e[test][AGREEMENT_METRIC]))
+                        for name, e in counted.items())
+        metrics = {e["decoding"].get("dev_metric", "bleu") for e in counted.values()}
         top = max(p[1] for p in points)
         out[test] = {"metric": AGREEMENT_METRIC, "dev_metric": ", ".join(sorted(metrics)),
                      "near_best_dev": near_best, "all": _agreement(points),
