@@ -725,6 +725,31 @@ def test_the_grid_extends_downwards_to_0_at_most_and_stops_at_its_cap(tmp_path, 
     assert any("length_penalty_extension" in m for m in messages)
 
 
+def test_a_tie_at_the_grid_end_extends_nothing_and_a_tie_chooses_inside_the_grid(
+        tmp_path, monkeypatch):
+    """A flat dev score (a model that writes one sentence for every input) extends nothing and
+    keeps the smallest penalty of the grid; a value beyond the grid that only equals the end's
+    score stops the search and is not chosen."""
+    decode, decoded, _ = _fake_decoding(tmp_path / "flat", monkeypatch, lambda a: 0.18,
+                                        length_penalties=(0.6, 0.8, 1.0))
+    decoding = decode()
+    assert decoded == [0.6, 0.8, 1.0]
+    assert decoding["length_penalty"] == 0.6 and decoding["extended"] is False
+    # Best alone at the bottom (0.6); 0.4 only ties it: tried, then the search stops at 0.6.
+    decode, decoded, _ = _fake_decoding(tmp_path / "down", monkeypatch,
+                                        lambda a: 30.0 if a <= 0.6 else 29.0,
+                                        length_penalties=(0.6, 0.8, 1.0))
+    decoding = decode()
+    assert decoded == [0.6, 0.8, 1.0, 0.4]
+    assert decoding["length_penalty"] == 0.6 and decoding["extended"] is True
+    # Two best values at the top (0.8 and 1.0 tie): not the best alone, no extension.
+    decode, decoded, _ = _fake_decoding(tmp_path / "top", monkeypatch,
+                                        lambda a: 30.0 if a >= 0.8 else 29.0,
+                                        length_penalties=(0.6, 0.8, 1.0))
+    decoding = decode()
+    assert decoded == [0.6, 0.8, 1.0] and decoding["length_penalty"] == 0.8
+
+
 def test_a_killed_length_penalty_search_resumes_without_decoding_again(tmp_path, monkeypatch):
     """Each penalty scored is saved at once: killed while decoding 1.8, the search resumes
     with 1.8 (the grid and 1.6 are not decoded again)."""

@@ -33,8 +33,9 @@ systems, rebuilt from every run on disk each time (:mod:`deep_nmt_tf.experiments
 ``results.md`` and ``figures/`` (:mod:`deep_nmt_tf.experiments.report`).
 
 The length penalty is chosen on dev from the suite's ``length_penalties``; when the best is at
-an end of that grid, the grid extends that way by its spacing at that end (never below 0)
-while the dev score improves, at most ``length_penalty_extension`` values (a log line says when
+an end of that grid, and is the best alone (a tie there extends nothing), the grid extends that
+way by its spacing at that end (never below 0) while the dev score improves (a tie chooses the
+value inside the grid), at most ``length_penalty_extension`` values (a log line says when
 the cap stopped it).  Each penalty's dev score is saved as soon as it is known, so a resumed
 tool decodes none again; a choice recorded before this extension existed stands as made.
 
@@ -260,16 +261,29 @@ def _dev_score(translator, sources: Sequence[str], references: Sequence[str], be
 def _next_penalty(grid: Sequence[float], tried: Dict[str, float]) -> Optional[float]:
     """The length penalty beyond the best one tried when that is at an end of what was tried:
     one step of the grid's spacing at that end further out (never below 0); None when the best
-    is inside, or the grid has one value (no spacing)."""
+    is inside, or the grid has one value (no spacing).  The end must be the best alone: a tie
+    there (a dev score flat up to the end, as a model that writes one sentence for every input
+    gives) is no sign that going further helps, and extends nothing."""
     if len(grid) < 2:
         return None
     values = sorted(float(a) for a in tried)  # the grid and the values beyond it
-    best = max(values, key=lambda a: (tried[str(a)], -a))  # ties: the smaller penalty
-    if best == values[-1]:
-        return round(best + (grid[-1] - grid[-2]), 6)
-    if best == values[0] and best > 0:
-        return max(0.0, round(best - (grid[1] - grid[0]), 6))
+    top = max(tried.values())
+    best = [a for a in values if tried[str(a)] == top]
+    if len(best) > 1:
+        return None
+    if best[0] == values[-1]:
+        return round(best[0] + (grid[-1] - grid[-2]), 6)
+    if best[0] == values[0] and best[0] > 0:
+        return max(0.0, round(best[0] - (grid[1] - grid[0]), 6))
     return None
+
+
+def _choose_penalty(grid: Sequence[float], tried: Dict[str, float]) -> float:
+    """The penalty with the best dev score; on a tie the one inside the grid (or nearest it),
+    then the smaller, so that a value beyond the grid that only equals the best is not taken."""
+    def outside(a: float) -> float:
+        return max(0.0, grid[0] - a, a - grid[-1])
+    return max((float(a) for a in tried), key=lambda a: (tried[str(a)], -outside(a), -a))
 
 
 def _tune_length_penalty(run: PlannedRun, suite: Suite, model_dir: str, dev: Tuple[str, str],
@@ -324,7 +338,7 @@ def _tune_length_penalty(run: PlannedRun, suite: Suite, model_dir: str, dev: Tup
             break
         if not score(alpha, beyond=True) > best:
             break
-    choice = max((float(a) for a in tried), key=lambda a: (tried[str(a)], -a))
+    choice = _choose_penalty(grid, tried)
     return {"beam_size": suite.beam_size, "length_penalty": choice,
             "dev_bleu": tried[str(choice)], "metric": metric,
             "tried": dict(sorted(tried.items(), key=lambda item: float(item[0]))),
