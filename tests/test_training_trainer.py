@@ -283,6 +283,34 @@ def test_changed_model_config_is_refused(tmp_path):
     assert saved.training.schedule.get().learning_rate == 1e-3
 
 
+def test_adaptive_clipping_turned_on_at_a_resume_starts_fresh(tmp_path, caplog):
+    """The rescue after a loss spike: resume a run trained without adaptive clipping with it on.
+    The checkpoint has no clipper state: the model, optimizer and counters are restored, the
+    clipper starts empty (logged), and the next checkpoint holds it, which the resume after
+    restores (strictly: a changed model still fails)."""
+    cls = make_trainer_class()
+    model_dir = str(tmp_path)
+    Runner(tiny_config(train_steps=2), model_dir, trainer=cls).run()
+    on = {"enabled": True, "warmup_steps": 1}
+    with caplog.at_level(logging.INFO):
+        runner = Runner(tiny_config(train_steps=3, adaptive_clipping=on), model_dir, trainer=cls)
+    assert int(runner.trainer.step.numpy()) == 2
+    assert int(runner.trainer.optimizer.iterations.numpy()) == 2
+    assert "no state for transform_0_adaptive_clipping" in caplog.text
+    runner.run()
+    latest = runner.checkpoints.latest()
+    assert latest.endswith("ckpt-3")
+    assert any(n.startswith("transform_0_adaptive_clipping/")
+               for n, _ in tf.train.list_variables(latest))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        again = Runner(tiny_config(train_steps=4, adaptive_clipping=on), model_dir, trainer=cls)
+    assert "no state for" not in caplog.text
+    clipper = again.trainer.gradient_transforms[0].clipper
+    assert int(again.trainer.step.numpy()) == 3
+    assert any(float(v.numpy()) != 0.0 for v in clipper.variables)  # restored, not empty
+
+
 @pytest.mark.slow
 def test_grad_norm_ratio_and_mixing_weights_are_logged(tmp_path):
     deep = merge(NO_DROPOUT, {"transparent_attention": {"enabled": True}},

@@ -58,7 +58,10 @@ strategy) the ``tf.data`` iterator.  On resume the iterator is restored, or else
 dataset is rebuilt and its first ``data_position`` micro-batches are read and dropped
 (:meth:`Runner.make_train_iterator`), so the dataset must be deterministic for a given
 ``training.seed`` (as the data pipeline is).  A run killed at any point continues from its
-latest checkpoint as if it had not been stopped.
+latest checkpoint as if it had not been stopped.  A gradient transform whose state the resumed
+checkpoint lacks (adaptive clipping turned on at the resume, after a loss spike: the config
+change is logged) starts with fresh state, and a log line says so; every other object must
+find its value.
 
 Logs: a console line every ``training.log_every`` steps; TensorBoard scalars under
 ``MODEL_DIR/train`` (loss, nll, perplexity, learning_rate, grad_norm, tokens_per_second,
@@ -200,8 +203,19 @@ class Runner:
         t = self.config.training
         self.saver = self.checkpoints.saver(self.checkpoint, t.keep_checkpoints, trainer.step,
                                             chief=self.is_chief)
-        restored = self.saver.restore(self.checkpoints.set_aside_skipped(self.resume,
-                                                                         self.is_chief))
+        resume_path = self.checkpoints.set_aside_skipped(self.resume, self.is_chief)
+        fresh = [name for name in self._checkpoint_items
+                 if name.startswith("transform_") and resume_path
+                 and not has_object(resume_path, name)]
+        if fresh:
+            # Gradient-transform state new at this resume: restored without it, saved with it.
+            self.saver.set_checkpoint(tf.train.Checkpoint(**{
+                k: v for k, v in self._checkpoint_items.items() if k not in fresh}))
+        restored = self.saver.restore(resume_path)
+        if fresh:
+            self.saver.set_checkpoint(self.checkpoint)
+            logging.info("%s has no state for %s (a gradient transform new since it was "
+                         "written): it starts fresh", resume_path, ", ".join(fresh))
         if restored:
             logging.info("Restored %s (step %d, %d updates applied, %d micro-batches consumed)",
                          restored, int(trainer.step.numpy()),
