@@ -67,7 +67,7 @@ from deep_nmt_tf.run_dir import (CHECKPOINT_PREFIX, CHECKPOINT_STATE_FILENAME, U
 __all__ = ["CheckpointError", "model_trackable", "model_checkpoint", "restore_model_weights",
            "model_variable_key", "check_model_checkpoint", "checkpoint_step", "list_checkpoints",
            "find_checkpoints", "checkpoint_files", "checkpoint_problem", "set_aside",
-           "remove_partial", "has_object", "CheckpointSaver"]
+           "remove_partial", "object_names", "has_object", "CheckpointSaver"]
 
 _STATE_FILE = CHECKPOINT_STATE_FILENAME
 _PREFIX = CHECKPOINT_PREFIX
@@ -337,10 +337,14 @@ def _restore_cast(model, path: str) -> None:
         variable.assign(tf.cast(reader.get_tensor(key), variable.dtype))
 
 
+def object_names(checkpoint_path: str) -> set:
+    """The names of the checkpoint root's child objects (one read of its index)."""
+    return {key.split("/", 1)[0] for key, _ in tf.train.list_variables(checkpoint_path)}
+
+
 def has_object(checkpoint_path: str, name: str) -> bool:
     """Whether the checkpoint's root has a child object called ``name``."""
-    prefix = name + "/"
-    return any(key.startswith(prefix) for key, _ in tf.train.list_variables(checkpoint_path))
+    return name in object_names(checkpoint_path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ from typing import Dict, List, Sequence
 
 import tensorflow as tf
 
-__all__ = ["GradientTransform", "ClipByGlobalNorm"]
+__all__ = ["GradientTransform", "ClipByGlobalNorm", "TRANSFORM_ITEM_PREFIX"]
+
+#: A training checkpoint names transform ``i``'s item ``name`` ``transform_<i>_<name>``.
+TRANSFORM_ITEM_PREFIX = "transform_"
 
 
 class GradientTransform:

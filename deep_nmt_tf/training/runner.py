@@ -87,7 +87,7 @@ import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf import compat
-from deep_nmt_tf.checkpointing import has_object
+from deep_nmt_tf.checkpointing import has_object, object_names
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
 from deep_nmt_tf.config import Config
 from deep_nmt_tf.progress import LogWindow, Progress
@@ -97,6 +97,7 @@ from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.actions import PeriodicAction, TrainHook, hook_action
+from deep_nmt_tf.training.gradient_transforms import TRANSFORM_ITEM_PREFIX
 from deep_nmt_tf.training.interface import DevEvaluation, TrainerInterface
 from deep_nmt_tf.training.strategy import is_chief
 
@@ -204,9 +205,9 @@ class Runner:
         self.saver = self.checkpoints.saver(self.checkpoint, t.keep_checkpoints, trainer.step,
                                             chief=self.is_chief)
         resume_path = self.checkpoints.set_aside_skipped(self.resume, self.is_chief)
-        fresh = [name for name in self._checkpoint_items
-                 if name.startswith("transform_") and resume_path
-                 and not has_object(resume_path, name)]
+        saved = object_names(resume_path) if resume_path else set()
+        fresh = [name for name in self._checkpoint_items if resume_path and name not in saved
+                 and name.startswith(TRANSFORM_ITEM_PREFIX)]
         if fresh:
             # Gradient-transform state new at this resume: restored without it, saved with it.
             self.saver.set_checkpoint(tf.train.Checkpoint(**{

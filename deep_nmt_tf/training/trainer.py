@@ -59,6 +59,7 @@ from deep_nmt_tf.task import LossSums, TranslationTask, build_optimizer
 from deep_nmt_tf.training import optimizers, precision
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
+from deep_nmt_tf.training.gradient_transforms import TRANSFORM_ITEM_PREFIX
 from deep_nmt_tf.training.strategy import distributed_iterator, is_chief
 
 __all__ = ["Trainer"]
@@ -260,7 +261,7 @@ class Trainer:
                      data_position=self.data_position)
         for i, transform in enumerate(self.gradient_transforms):
             for name, obj in transform.checkpoint_items().items():
-                items[f"transform_{i}_{name}"] = obj
+                items[f"{TRANSFORM_ITEM_PREFIX}{i}_{name}"] = obj
         if self.loss_scaling is not None:
             items.update(self.loss_scaling.checkpoint_items())
         return items
