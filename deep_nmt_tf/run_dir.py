@@ -64,10 +64,9 @@ from deep_nmt_tf.config import (Config, ConfigError, config_from_dict, config_to
 from deep_nmt_tf.config.loading import read_yaml_mapping
 
 __all__ = ["CONFIG_FILENAME", "METADATA_FILENAME", "VOCAB_FILENAME", "SENTENCEPIECE_FILENAME",
-           "DATA_DIRNAME",
-           "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "AVERAGED_FILENAME",
-           "DATA_STATS_FILENAME", "DATA_PATH_KEYS", "RunDir", "RunDirError", "CheckpointError",
-           "UNREADABLE_SUFFIX", "set_aside_files", "flatten",
+           "DATA_DIRNAME", "TRAIN_LOGS", "EVAL_LOGS", "EXPORTS_DIRNAME", "KEPT_DIRNAME",
+           "AVERAGED_FILENAME", "DATA_STATS_FILENAME", "DATA_PATH_KEYS", "RunDir", "RunDirError",
+           "CheckpointError", "UNREADABLE_SUFFIX", "set_aside_files", "flatten",
            "config_differences", "file_sha256"]
 
 CONFIG_FILENAME = "config.yaml"
@@ -78,6 +77,8 @@ DATA_DIRNAME = "data"
 TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
 EXPORTS_DIRNAME = "exports"
+#: Checkpoints kept out of the rotation's reach (``Runner.keep_before_spike``), each a run dir.
+KEPT_DIRNAME = "kept"
 AVERAGED_FILENAME = "averaged_checkpoints.txt"
 DATA_STATS_FILENAME = "data_stats.json"
 #: The ``data`` keys that hold file paths (stored relative to the run directory when inside it).

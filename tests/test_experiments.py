@@ -289,8 +289,9 @@ def test_a_run_directory_of_another_seed_is_refused(tmp_path):
 
 def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeypatch):
     """``continue_from``: a new run directory starts from a copy of another run's of the same
-    seed (checkpoints, config, curves; not its average or translations) and trains on from its
-    last checkpoint; the training record starts from the source's and names it.  Another
+    seed (checkpoints, config, curves; not its average, translations or kept checkpoints) and
+    trains on from its last checkpoint; the training record starts from the source's and
+    names it.  Another
     recipe, another model, a source as long as the run, an unknown run and a run directory
     trained on its own are refused; a copy interrupted part-way is redone."""
     from deep_nmt_tf import experiments
@@ -329,6 +330,7 @@ def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeyp
     source = os.path.join(out, "runs", "short")
     assert record("short")["updates"] == 30 and "continued_from" not in record("short")
     os.makedirs(os.path.join(source, "averaged"))  # what a scored source also holds
+    os.makedirs(os.path.join(source, "kept", "before_spike_20"))  # and a spike's checkpoint
     open(os.path.join(source, "test2016.hyp"), "w", encoding="utf-8").write("x\n")
     for name, match in (("smoothed", "label_smoothing differ. --continue_from=short continues"),
                         ("deeper", r"another model .*transformer.norm"),
@@ -365,6 +367,7 @@ def test_a_run_continues_a_copy_of_a_shorter_run_of_its_recipe(tmp_path, monkeyp
         "short" in line for line in open(os.path.join(long_dir, "averaged",
                                                       "averaged_checkpoints.txt")))
     assert open(os.path.join(long_dir, "test2016.hyp")).read() != "x\n"  # its own
+    assert not os.path.exists(os.path.join(long_dir, "kept"))  # the source's, not copied
     training = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))["long"][
         "training"]
     assert training["continued_from"] == {"run": "short", "update": 30}

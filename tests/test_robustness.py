@@ -91,6 +91,8 @@ CONFIG_CASES = [
     ("label smoothing = 1", SYNTHETIC, ["training.label_smoothing=1"], r"must be < 1\.0"),
     ("loss explosion factor <= 1", SYNTHETIC, ["training.loss_explosion_factor=0.5"],
      r"training\.loss_explosion_factor: 0\.5 would warn .* use a factor > 1"),
+    ("grad spike factor <= 1", SYNTHETIC, ["training.grad_spike_factor=1"],
+     r"training\.grad_spike_factor: 1\.0 would call every update .* use a factor > 1"),
     ("max consecutive skipped < 0", SYNTHETIC, ["training.max_consecutive_skipped=-1"],
      r"max_consecutive_skipped: -1 is out of range"),
     ("unknown section in an override", SYNTHETIC, ["trainig.train_steps=5"],
@@ -346,6 +348,81 @@ def test_loss_explosion_warning(caplog, case, losses, factor, warn_steps):
     warned = [int(r.getMessage().split(":")[0].split()[1]) for r in caplog.records
               if "loss is exploding" in r.getMessage()]
     assert warned == warn_steps
+
+
+SPIKE_CASES = [
+    # (case, gradient norms of updates 1, 2, ..., skipped updates, factor, steps that warn)
+    ("steady", [1.0, 0.9, 0.8, 0.9, 1.1, 0.7, 0.8, 0.9], [], 20.0, []),
+    ("falling fast early is no spike", [50.0, 20.0, 5.0, 2.0, 1.0, 0.8, 0.6, 0.5], [], 20.0,
+     []),
+    ("a 50-fold jump", [0.5, 0.6, 0.5, 0.4, 28.0, 0.5], [], 20.0, [5]),
+    ("too early to tell", [0.5, 0.5, 28.0, 0.5, 0.5], [], 20.0, []),
+    ("one warning per history", [0.5, 0.5, 0.5, 0.5, 30.0, 30.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5,
+                                 40.0], [], 20.0, [5, 13]),
+    ("a skipped outlier changed nothing", [0.5, 0.5, 0.5, 0.5, 99.0, 0.5], [5], 20.0, []),
+    ("non-finite is the streak's", [0.5, 0.5, 0.5, 0.5, float("inf"), 0.5], [5], 20.0, []),
+    ("turned off", [0.5, 0.5, 0.5, 0.5, 1e6], [], 0.0, []),
+    ("factor 2", [1.0, 1.0, 1.0, 1.0, 1.5, 2.5], [], 2.0, [6]),
+]
+
+
+@pytest.mark.parametrize("case,norms,skipped,factor,warn_steps", SPIKE_CASES,
+                         ids=[c[0] for c in SPIKE_CASES])
+def test_gradient_norm_spike_warning(monkeypatch, caplog, case, norms, skipped, factor,
+                                     warn_steps):
+    from deep_nmt_tf.training import health
+
+    monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
+    monkeypatch.setattr(health, "SPIKE_HISTORY", 8)
+    monitor = HealthMonitor(100, 10.0, factor)
+    spikes = []
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        for step, norm in enumerate(norms, start=1):
+            logs = {"grad_norm": norm, "loss": 2.0, "skipped": float(step in skipped)}
+            if monitor.after_step(step, logs):
+                spikes.append(step)
+    warned = [int(r.getMessage().split(":")[0].split()[1]) for r in caplog.records
+              if "gradient-norm spike" in r.getMessage()]
+    assert spikes == warned == warn_steps
+
+
+def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path, monkeypatch,
+                                                                         caplog):
+    """The spike at update 7 keeps ckpt-5 (checkpoints every 5, 3 kept: the rotation deletes
+    ckpt-5 by update 20) as ``kept/before_spike_7``, which a run resumes from."""
+    from deep_nmt_tf.training import health
+
+    monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
+    cls = make_trainer_class(make_batches(4))
+    base_step = cls.train_step
+
+    def train_step(self, iterator, diagnostics=False):
+        out = base_step(self, iterator, diagnostics=diagnostics)
+        if int(self.step.numpy()) == 7:  # The norm the runner reads, 1000x: a spike.
+            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
+        return out
+
+    cls.train_step = train_step
+    run = tmp_path / "run"
+    config = tiny_config(NO_DROPOUT, train_steps=20, checkpoint_every=5, keep_checkpoints=3)
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        Runner(config, str(run), trainer=cls).run()
+    messages = _messages(caplog)
+    assert "step 7: gradient-norm spike" in messages
+    kept = run / "kept" / "before_spike_7"
+    assert f"Kept {run / 'ckpt-5'} (step 5" in messages and str(kept) in messages
+    assert not (run / "ckpt-5.index").exists()  # Rotated away in the run directory ...
+    assert (kept / "ckpt-5.index").exists()      # ... kept here, with the run's files,
+    assert {"config.yaml", "run.json", "checkpoint"} <= set(os.listdir(kept))
+    assert not any(n.startswith("ckpt-1") for n in os.listdir(kept))  # and no other checkpoint.
+    assert CheckpointStore(str(kept)).latest() == str(kept / "ckpt-5")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="absl"):
+        Runner(tiny_config(NO_DROPOUT, train_steps=8, checkpoint_every=5, keep_checkpoints=3,
+                           adaptive_clipping={"enabled": True, "warmup_steps": 1}),
+               str(kept), trainer=make_trainer_class(make_batches(4))).run()
+    assert "Restored " + str(kept / "ckpt-5") + " (step 5" in _messages(caplog, logging.INFO)
+    assert CheckpointStore(str(kept)).latest() == str(kept / "ckpt-8")
 
 
 def test_exploding_learning_rate_is_warned_about_in_training(tmp_path, caplog):

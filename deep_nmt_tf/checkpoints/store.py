@@ -30,7 +30,9 @@ treats them alike:
   DiskFullError`: the directory, the free space and the last intact checkpoint, which a rerun
   resumes from;
 * :meth:`CheckpointStore.average`: the average of the last checkpoints, written as a new run
-  directory (:mod:`deep_nmt_tf.checkpoints.averaging`).
+  directory (:mod:`deep_nmt_tf.checkpoints.averaging`);
+* :meth:`CheckpointStore.keep`: a resumable run directory of one checkpoint, out of the
+  rotation's reach (the runner keeps the checkpoint before a gradient-norm spike this way).
 
 No TensorFlow at import: a ``fit`` run on JAX lists, checks, resumes and saves its
 ``.weights.h5`` through the same store.
@@ -47,6 +49,7 @@ import contextlib
 import gc
 import glob
 import os
+import shutil
 import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -54,9 +57,11 @@ from absl import logging
 
 from deep_nmt_tf.checkpoints.disk import DiskFullError, free_bytes, is_disk_full
 from deep_nmt_tf.checkpoints.formats import FORMATS, CheckpointFormat, format_of, partial_name
-from deep_nmt_tf.run_dir import (CHECKPOINT_STATE_FILENAME, CONFIG_FILENAME, DATA_STATS_FILENAME,
-                                 METADATA_FILENAME, UNREADABLE_SUFFIX, CheckpointError, RunDir,
-                                 checkpoint_step)
+from deep_nmt_tf.run_dir import (CHECKPOINT_PREFIX, CHECKPOINT_STATE_FILENAME, CONFIG_FILENAME,
+                                 DATA_DIRNAME, DATA_STATS_FILENAME, METADATA_FILENAME,
+                                 UNREADABLE_SUFFIX, CheckpointError, RunDir, RunDirError,
+                                 checkpoint_step, is_keras_weights)
+from deep_nmt_tf.run_lock import LOCK_NAME
 
 __all__ = ["CheckpointStore", "Resume"]
 
@@ -331,6 +336,67 @@ class CheckpointStore:
                                    checkpoints=checkpoints, overwrite=overwrite,
                                    output_format=output_format)
 
+    def keep(self, checkpoint: str, destination: str) -> str:
+        """Copies ``checkpoint`` with the run directory's files into ``destination``, a new
+        run directory that resumes from it (``deep-nmt-train --config=DEST/config.yaml
+        --model_dir=DEST``, keys such as ``training.adaptive_clipping.enabled`` overridable
+        there like at any resume); returns the checkpoint's path in it.
+
+        Copied: the run directory's top-level files (``config.yaml``, ``run.json``, the
+        vocabulary, ``data_stats.json`` ...) and its ``data/`` token files, but not its other
+        checkpoints, its ``checkpoint`` state file (``destination`` gets one naming only this
+        checkpoint), its lock or temporary files; TensorBoard logs stay behind.  Files are
+        hard-linked where the file system allows (no space used; every file the run writes
+        is written once or replaced by a rename, so a link never changes afterwards), else
+        copied.
+
+        Raises:
+          RunDirError: ``destination`` already holds a run.
+          OSError: a file could not be linked or copied (the partial ``destination`` is
+            removed).
+        """
+        source = self.run_dir.path
+        existing = RunDir(destination).run_files()
+        if existing:
+            raise RunDirError(f"{destination} already holds a run ({', '.join(existing[:6])}): "
+                              f"{checkpoint} is not kept there")
+        prefix = os.path.basename(checkpoint)
+        files = [os.path.join(os.path.dirname(checkpoint), n)
+                 for n in sorted(os.listdir(os.path.dirname(checkpoint) or "."))
+                 if n == prefix or (not is_keras_weights(prefix) and n.startswith(prefix + "."))]
+        for name in sorted(os.listdir(source)):
+            path = os.path.join(source, name)
+            if not os.path.isfile(path) or name.startswith(CHECKPOINT_PREFIX + "-") or name in (
+                    CHECKPOINT_STATE_FILENAME, LOCK_NAME) or ".tmp" in name or \
+                    name.endswith(UNREADABLE_SUFFIX):
+                continue
+            files.append(path)
+        data = os.path.join(source, DATA_DIRNAME)
+        os.makedirs(destination, exist_ok=True)
+        try:
+            for path in files:
+                _link_or_copy(path, os.path.join(destination, os.path.basename(path)))
+            if os.path.isdir(data):
+                shutil.copytree(data, os.path.join(destination, DATA_DIRNAME),
+                                copy_function=_link_or_copy)
+            kept = os.path.join(destination, prefix)
+            if not is_keras_weights(prefix):
+                from deep_nmt_tf.checkpointing import _write_state
+
+                _write_state(destination, [kept])
+        except OSError:
+            shutil.rmtree(destination, ignore_errors=True)
+            raise
+        return kept
+
+
+def _link_or_copy(source: str, destination: str) -> str:
+    """A hard link of ``source`` at ``destination``, or a copy where links do not work."""
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+    return destination
 
 
 def _ignore(*args) -> None:

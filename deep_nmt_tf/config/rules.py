@@ -282,6 +282,10 @@ def _training(cfg: Config, fail: Fail) -> None:
         fail("training.loss_explosion_factor", f"{t.loss_explosion_factor} would warn about "
              "every loss that does not fall; use a factor > 1 (10: an order of magnitude), or "
              "0 to turn the warning off")
+    if 0.0 < t.grad_spike_factor <= 1.0:
+        fail("training.grad_spike_factor", f"{t.grad_spike_factor} would call every update whose "
+             "gradient norm is above the median a spike; use a factor > 1 (20: a 20-fold jump), "
+             "or 0 to turn the check off")
 
 
 def _run_checks(cfg: Config, fail: Fail, given: Callable[[str], bool]) -> None:

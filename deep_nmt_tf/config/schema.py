@@ -304,6 +304,12 @@ class TrainingConfig:
     loss_explosion_factor: float = field(10.0, "Warn when a log window's mean loss exceeds "
                                          "this many times the lowest one so far (0: never; "
                                          "else > 1).", min=0.0, affects_results=False)
+    grad_spike_factor: float = field(20.0, "Warn when an applied update's gradient norm "
+                                     "exceeds this many times the median of the last 200 "
+                                     "(0: never; else > 1), and keep the newest checkpoint "
+                                     "before it as a resumable run directory "
+                                     "MODEL_DIR/kept/before_spike_<step>.", min=0.0,
+                                     affects_results=False)
     warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
     freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
                                     "e.g. [encoder/stages/0]) whose variables are not trained "

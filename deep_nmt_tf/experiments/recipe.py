@@ -16,7 +16,8 @@ for seed, instead of training its first updates again::
     deep-nmt-experiment --suite=multi30k ... --only=deep_pre_12k --seeds=3 --continue_from=deep_pre
 
 copies ``runs/deep_pre-seed3`` (its checkpoints with the data iterator's position, config,
-vocabulary, metadata and training curves; not its average, translations, exports or scores) to
+vocabulary, metadata and training curves; not its average, translations, exports, scores or
+``kept/`` checkpoints) to
 ``runs/deep_pre_12k-seed3``, whose ``experiment.json`` starts with the source's training record
 (its clock and CPU time: the record counts the first updates too) and ``continued_from``
 (``{"run", "update"}``, kept in ``results.json``'s ``training``; when the source was itself
@@ -36,7 +37,7 @@ from typing import Optional
 from deep_nmt_tf.config import Config, ConfigError, operational_keys
 from deep_nmt_tf.experiments.state import AVERAGED_DIRNAME, STATE_FILENAME, RunState
 from deep_nmt_tf.experiments.suite import PlannedRun
-from deep_nmt_tf.run_dir import AVERAGED_FILENAME, EXPORTS_DIRNAME
+from deep_nmt_tf.run_dir import AVERAGED_FILENAME, EXPORTS_DIRNAME, KEPT_DIRNAME
 from deep_nmt_tf.run_lock import LOCK_NAME
 
 __all__ = ["check_seed", "check_recipe", "continue_run", "NOT_COPIED"]
@@ -48,9 +49,10 @@ __all__ = ["check_seed", "check_recipe", "continue_run", "NOT_COPIED"]
 OPERATIONAL_KEYS = frozenset(operational_keys(Config))
 
 #: What a continued run does not take from its source: what the source made of its training
-#: (its average, translations, exports and the tool's record, rewritten) and its lock.
-NOT_COPIED = frozenset({AVERAGED_DIRNAME, AVERAGED_FILENAME, EXPORTS_DIRNAME, STATE_FILENAME,
-                        LOCK_NAME, LOCK_NAME + ".takeover"})
+#: (its average, translations, exports and the tool's record, rewritten), the checkpoints it
+#: kept before gradient-norm spikes (run directories of the source's own) and its lock.
+NOT_COPIED = frozenset({AVERAGED_DIRNAME, AVERAGED_FILENAME, EXPORTS_DIRNAME, KEPT_DIRNAME,
+                        STATE_FILENAME, LOCK_NAME, LOCK_NAME + ".takeover"})
 
 
 def check_seed(run: PlannedRun, saved, run_dir: str, state: RunState) -> None:

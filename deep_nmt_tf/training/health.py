@@ -16,7 +16,14 @@ them adds work to a training step:
   :class:`TrainingDiverged`, naming the last checkpoint written before the streak (periodic
   checkpoints are put off while a streak lasts, so the rotation never deletes it).  A log
   window whose mean loss exceeds ``training.loss_explosion_factor`` times the lowest window mean
-  so far gets a WARNING (again at each further factor).
+  so far gets a WARNING (again at each further factor).  An applied update whose gradient norm
+  exceeds ``training.grad_spike_factor`` times the median of the previous
+  :data:`SPIKE_HISTORY` applied updates also gets one (at most one per :data:`SPIKE_HISTORY`
+  updates), and the runner keeps the newest checkpoint written before it as a resumable run
+  directory (``MODEL_DIR/kept/before_spike_<step>``): a spike can start a collapse whose loss
+  stays well under the explosion factor (the Tatoeba Admin run of docs/RESULTS.md: the loss
+  went from 2.55 to 4.59 while the gradient norm rose 50-fold), and by the time anyone looks the
+  rotation has deleted the checkpoints before it.
 * :class:`WorkerLost`: under ``MultiWorkerMirroredStrategy`` a worker that stops responding
   (killed, machine lost) makes the collectives of the others fail once the coordination
   service's heartbeat times out (``deep-nmt-train --worker_timeout``); the runner turns that
@@ -25,17 +32,25 @@ them adds work to a training step:
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import re
 import signal
+import statistics
 import threading
 from typing import Dict, Optional, Tuple
 
 from absl import logging
 
 __all__ = ["TrainingInterrupted", "TrainingDiverged", "WorkerLost", "StopSignals",
-           "HealthMonitor"]
+           "HealthMonitor", "SPIKE_HISTORY", "SPIKE_MIN_HISTORY"]
+
+#: Applied updates whose gradient norms make the median a spike is measured against; also the
+#: least number of updates between two spike warnings.
+SPIKE_HISTORY = 200
+#: Applied updates seen before a spike can be reported (the median needs a history).
+SPIKE_MIN_HISTORY = 100
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -129,11 +144,17 @@ class HealthMonitor:
         (0: never).
       loss_explosion_factor: warn when a window's mean loss exceeds this many times the lowest
         one so far (0: never).
+      grad_spike_factor: warn when an applied update's gradient norm exceeds this many times
+        the median of the previous :data:`SPIKE_HISTORY` applied updates (0: never).
     """
 
-    def __init__(self, max_consecutive_skipped: int, loss_explosion_factor: float):
+    def __init__(self, max_consecutive_skipped: int, loss_explosion_factor: float,
+                 grad_spike_factor: float = 0.0):
         self.max_consecutive_skipped = int(max_consecutive_skipped)
         self.loss_explosion_factor = float(loss_explosion_factor)
+        self.grad_spike_factor = float(grad_spike_factor)
+        self._norms: "collections.deque[float]" = collections.deque(maxlen=SPIKE_HISTORY)
+        self._next_spike_warning = 0
         self.streak = 0
         self.streak_start = 0
         self.last_checkpoint: Tuple[int, Optional[str]] = (0, None)
@@ -149,20 +170,42 @@ class HealthMonitor:
         """Records the newest checkpoint (restored or written) for the divergence message."""
         self.last_checkpoint = (step, path)
 
-    def after_step(self, step: int, logs: Dict[str, float]) -> None:
-        """Updates the streak from the step's metrics.
+    def after_step(self, step: int, logs: Dict[str, float]) -> bool:
+        """Updates the streak and the gradient-norm history from the step's metrics.
 
+        Returns:
+          Whether the update's gradient norm is a spike (warned about here).
         Raises:
           TrainingDiverged: the streak reached ``max_consecutive_skipped``.
         """
         if not (logs["skipped"] and not _finite(logs["grad_norm"], logs["loss"])):
             self.streak = 0
-            return
+            return self._spike(step, logs)
         if self.streak == 0:
             self.streak_start = step
         self.streak += 1
         if self.max_consecutive_skipped and self.streak >= self.max_consecutive_skipped:
             raise TrainingDiverged(self._diverged_message(step, logs))
+        return False
+
+    def _spike(self, step: int, logs: Dict[str, float]) -> bool:
+        norm = logs["grad_norm"]
+        if not self.grad_spike_factor or logs["skipped"] or not math.isfinite(norm):
+            return False  # Skipped updates changed nothing (adaptive clipping's outliers).
+        spike = False
+        if len(self._norms) >= min(SPIKE_MIN_HISTORY, SPIKE_HISTORY):
+            typical = statistics.median(self._norms)
+            if norm > self.grad_spike_factor * typical and step >= self._next_spike_warning:
+                spike = True
+                self._next_spike_warning = step + SPIKE_HISTORY
+                logging.warning(
+                    "step %d: gradient-norm spike: %.4g is %.3gx the median of the last %d "
+                    "updates (%.4g; training.grad_spike_factor=%g). A spike can start a "
+                    "collapse that the loss shows only mildly: watch the next log windows (and "
+                    "the grad-norm ratio r_t).", step, norm, norm / max(typical, 1e-30),
+                    len(self._norms), typical, self.grad_spike_factor)
+        self._norms.append(norm)
+        return spike
 
     def _diverged_message(self, step: int, logs: Dict[str, float]) -> str:
         good_step, good = self.last_checkpoint

@@ -42,12 +42,13 @@ it and owns everything around it, in this order:
    checkpoint at the current step and raise :class:`~deep_nmt_tf.training.health.
    TrainingInterrupted`; ``training.max_consecutive_skipped`` non-finite updates in a row raise
    :class:`~deep_nmt_tf.training.health.TrainingDiverged` (a due checkpoint waits for the next
-   applied update); an exploding loss is warned about; a lost worker of a multi-worker run
-   raises :class:`~deep_nmt_tf.training.health.WorkerLost`.  A checkpoint (periodic, on a
-   signal, at a stop request or at the end) or ``config.yaml``/``run.json`` that cannot be
-   written because the disk is full raises :class:`~deep_nmt_tf.checkpoints.DiskFullError`
-   (its partial files removed; the message names the free space and the last intact
-   checkpoint, which a rerun resumes from).
+   applied update); an exploding loss is warned about, and so is a gradient-norm spike, whose
+   newest checkpoint before it is kept (:meth:`Runner.keep_before_spike`); a lost worker of a
+   multi-worker run raises :class:`~deep_nmt_tf.training.health.WorkerLost`.  A checkpoint
+   (periodic, on a signal, at a stop request or at the end) or ``config.yaml``/``run.json``
+   that cannot be written because the disk is full raises
+   :class:`~deep_nmt_tf.checkpoints.DiskFullError` (its partial files removed; the message
+   names the free space and the last intact checkpoint, which a rerun resumes from).
 
 Checkpoints (:mod:`deep_nmt_tf.checkpointing`; ``keep_checkpoints`` kept) hold the trainer's
 :meth:`~deep_nmt_tf.training.interface.TrainerInterface.checkpoint_items` (the model, with the
@@ -80,6 +81,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -91,7 +93,8 @@ from deep_nmt_tf.checkpointing import has_object, object_names
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
 from deep_nmt_tf.config import Config
 from deep_nmt_tf.progress import LogWindow, Progress
-from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
+from deep_nmt_tf.run_dir import (CONFIG_FILENAME, EVAL_LOGS, KEPT_DIRNAME, TRAIN_LOGS, RunDir,
+                                 RunDirError)
 from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics
@@ -225,7 +228,8 @@ class Runner:
         elif t.warm_start.checkpoint:
             with self.strategy.scope():
                 warm_start_lib.warm_start(trainer.model, self.config)
-        self.health = health.HealthMonitor(t.max_consecutive_skipped, t.loss_explosion_factor)
+        self.health = health.HealthMonitor(t.max_consecutive_skipped, t.loss_explosion_factor,
+                                           t.grad_spike_factor)
         self.health.checkpoint_saved(int(trainer.step.numpy()), restored)
         self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
         self._checkpoint_pending = False
@@ -482,7 +486,8 @@ class Runner:
             if logs.pop("stop_requested", 0.0) > 0 or (signals.requested and
                                                         not self._multi_worker):
                 self._interrupt(step, signals.received or "a signal to another worker")
-            self.health.after_step(step, logs)
+            if self.health.after_step(step, logs) and self.is_chief:
+                self.keep_before_spike(step)
             if self._checkpoint_pending and not self.health.in_streak:
                 self.save_checkpoint()
             ratio = {k: logs.pop(k) for k in diagnostics_lib.RATIO_KEYS if k in logs}
@@ -506,6 +511,32 @@ class Runner:
             if self._stop is not None:
                 self._progress.close()
                 return
+
+    def keep_before_spike(self, step: int) -> Optional[str]:
+        """Keeps the newest checkpoint written before the update of ``step`` (a gradient-norm
+        spike, :class:`~deep_nmt_tf.training.health.HealthMonitor`) as the resumable run
+        directory ``MODEL_DIR/kept/before_spike_<step>``
+        (:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.keep`), out of the rotation's reach;
+        returns its checkpoint (None: none was written yet, or it could not be kept)."""
+        saved_step, saved = self.health.last_checkpoint
+        if not saved:
+            logging.warning("No checkpoint was written before the spike at step %d: nothing to "
+                            "keep", step)
+            return None
+        destination = self.run_dir.join(KEPT_DIRNAME, f"before_spike_{step}")
+        try:
+            kept = self.checkpoints.keep(saved, destination)
+        except (OSError, RunDirError) as e:
+            logging.warning("Could not keep %s, the checkpoint before the spike (%s)", saved, e)
+            return None
+        logging.warning(
+            "Kept %s (step %d, the newest checkpoint before the spike) as %s, a run directory "
+            "the checkpoint rotation does not touch. Training goes on here; should it collapse, "
+            "go on from the kept one instead, e.g. with RNMT+'s adaptive clipping: "
+            "deep-nmt-train --config=%s --model_dir=%s "
+            "--override=training.adaptive_clipping.enabled=true", saved, saved_step, kept,
+            os.path.join(destination, CONFIG_FILENAME), destination)
+        return kept
 
     def _interrupt(self, step: int, signal_name: str) -> None:
         """Saves a checkpoint at ``step`` (unless there is one) and raises
