@@ -177,6 +177,23 @@ def inference_settings(precision: Optional[str], jit_compile: Optional[bool]
     return settings.precision, settings.jit_compile, settings.reason
 
 
+def load_config_file(path: str, overrides: Sequence[str] = ()):
+    """The config of ``--config`` (:func:`deep_nmt_tf.config.load_config`).  A run directory's
+    ``config.yaml`` (``run.json`` beside it) records the data paths inside the run directory
+    relative to it (``vocab.txt``): such a file is read by its run directory
+    (:meth:`deep_nmt_tf.run_dir.RunDir.saved_config`), so that ``--config=MODEL_DIR/config.yaml``
+    works from any working directory (a resume, a kept checkpoint's run directory, a run used as
+    a template)."""
+    from deep_nmt_tf.config import load_config
+    from deep_nmt_tf.run_dir import CONFIG_FILENAME, METADATA_FILENAME, RunDir
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(path) == CONFIG_FILENAME and os.path.isfile(
+            os.path.join(directory, METADATA_FILENAME)):
+        return RunDir(directory).saved_config(overrides)
+    return load_config(path, overrides)
+
+
 def resume_command(drop: Sequence[str] = ()) -> str:
     """The running tool's command line, quoted for a shell, without the arguments in ``drop``
     (``python tools/x.py`` and ``python -m`` runs get the interpreter in front)."""

@@ -14,19 +14,19 @@
   of ``compile``/``fit`` (:mod:`deep_nmt_tf.fit`); both kinds are listed by
   :meth:`RunDir.list_checkpoints` and checked, restored and chosen by the run directory's
   checkpoint store (:class:`deep_nmt_tf.checkpoints.CheckpointStore`);
-- ``train/`` and ``eval/``: TensorBoard event files;
-- ``exports/``: SavedModel versions (``exports/<version>/``, the default of
-  :func:`deep_nmt_tf.export.export_model_dir`);
+- ``train/``, ``eval/``: TensorBoard event files; ``exports/<version>/``: SavedModels
+  (:func:`deep_nmt_tf.export.export_model_dir`); ``kept/before_spike_<step>/``: a checkpoint
+  kept before a gradient-norm spike, itself a run directory;
 - ``averaged_checkpoints.txt``: the checkpoints averaged into a directory (averaging);
-- ``data_stats.json``: the training corpora's pair counts, cached
-  (:mod:`deep_nmt_tf.data.preparation`) so that a resumed run need not read the corpora again.
+- ``data_stats.json``: the training pair counts, cached so that a resume need not count again.
 
 :class:`RunDir` resolves every path against the directory as it was given (relative or
 absolute ``--model_dir`` alike).  Data paths of the saved config that point inside the run
 directory are stored relative to it (``vocab.txt``, ``data/train.src``) and other relative
 paths as absolute ones, so a run directory that is moved or read from another working
-directory keeps working; :meth:`RunDir.load_config` resolves them again.  Configs saved by
-older versions (paths relative to the working directory of the training run) still load.
+directory keeps working; :meth:`RunDir.load_config` and the tools' ``--config=MODEL_DIR/
+config.yaml`` (:func:`deep_nmt_tf.cli.load_config_file`) resolve them again.  Older versions'
+configs (paths relative to the training's working directory) still load.
 
 Resuming compares the ``model`` section of ``config.yaml`` with the new config: a changed model
 is a :class:`~deep_nmt_tf.config.ConfigError` naming the differing keys (the checkpoint would
@@ -77,7 +77,6 @@ DATA_DIRNAME = "data"
 TRAIN_LOGS = "train"
 EVAL_LOGS = "eval"
 EXPORTS_DIRNAME = "exports"
-#: Checkpoints kept out of the rotation's reach (``Runner.keep_before_spike``), each a run dir.
 KEPT_DIRNAME = "kept"
 AVERAGED_FILENAME = "averaged_checkpoints.txt"
 DATA_STATS_FILENAME = "data_stats.json"
@@ -138,10 +137,7 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
     out = {}
     for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
@@ -380,6 +376,16 @@ class RunDir:
         moved = self.join(DATA_DIRNAME, os.path.basename(path))
         return moved if os.path.exists(moved) else inside
 
+    def resolve_paths(self, data: dict) -> None:
+        """Resolves the data paths of ``data``, a config read from ``config.yaml``, in place."""
+        section = data.get("data") if isinstance(data, dict) else None
+        if isinstance(section, dict):
+            for owner, key in [(section, k) for k in DATA_PATH_KEYS] + [
+                    (c, k) for c in section.get("train") or () if isinstance(c, dict)
+                    for k in ("source", "target")]:
+                if isinstance(owner.get(key), str):
+                    owner[key] = self.resolve_path(owner[key])
+
     def _map_data_paths(self, config: Config, fn) -> Config:
         data = config.data
         paths = {k: fn(getattr(data, k)) for k in DATA_PATH_KEYS}
@@ -406,18 +412,11 @@ class RunDir:
             logging.info("%s: a config of deep_nmt_tf 0.1, read with the current keys (%d "
                          "keys moved; the file is rewritten when this run trains again)",
                          path, len(moved))
-        section = data.get("data")
-        if isinstance(section, dict):
+        if isinstance(data.get("data"), dict):
             # Written before data.tokenizer existed: WordPiece, learned by tensorflow-text.
-            section.setdefault("tokenizer", {"type": "wordpiece",
-                                             "wordpiece": {"learner": "tensorflow_text"}})
-            for key in DATA_PATH_KEYS:
-                if isinstance(section.get(key), str):
-                    section[key] = self.resolve_path(section[key])
-            for corpus in section.get("train") or ():
-                for key in ("source", "target"):
-                    if isinstance(corpus, dict) and isinstance(corpus.get(key), str):
-                        corpus[key] = self.resolve_path(corpus[key])
+            data["data"].setdefault("tokenizer", {"type": "wordpiece",
+                                                  "wordpiece": {"learner": "tensorflow_text"}})
+        self.resolve_paths(data)
         try:
             return config_from_dict(data, source=path, overrides=overrides)
         except ConfigError as e:

@@ -390,6 +390,7 @@ def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path
                                                                          caplog):
     """The spike at update 7 keeps ckpt-5 (checkpoints every 5, 3 kept: the rotation deletes
     ckpt-5 by update 20) as ``kept/before_spike_7``, which a run resumes from."""
+    from deep_nmt_tf.cli import load_config_file
     from deep_nmt_tf.training import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
@@ -418,9 +419,11 @@ def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path
     assert CheckpointStore(str(kept)).latest() == str(kept / "ckpt-5")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="absl"):
-        Runner(tiny_config(NO_DROPOUT, train_steps=8, checkpoint_every=5, keep_checkpoints=3,
-                           adaptive_clipping={"enabled": True, "warmup_steps": 1}),
-               str(kept), trainer=make_trainer_class(make_batches(4))).run()
+        # As the warning says: --config=KEPT/config.yaml --model_dir=KEPT, clipping turned on.
+        config = load_config_file(str(kept / "config.yaml"), [
+            "training.train_steps=8", "training.adaptive_clipping.enabled=true",
+            "training.adaptive_clipping.warmup_steps=1"])
+        Runner(config, str(kept), trainer=make_trainer_class(make_batches(4))).run()
     assert "Restored " + str(kept / "ckpt-5") + " (step 5" in _messages(caplog, logging.INFO)
     assert CheckpointStore(str(kept)).latest() == str(kept / "ckpt-8")
 

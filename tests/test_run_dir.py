@@ -74,6 +74,16 @@ def test_paths_inside_are_stored_relative_and_a_moved_run_keeps_working(tmp_path
     moved = RunDir(str(tmp_path / "moved")).load_config(["decoding.beam_size=2"])
     assert os.path.exists(moved.data.vocab) and os.path.exists(moved.data.dev_target)
     assert moved.decoding.beam_size == 2
+    # Its config.yaml given as the tools' --config (a resume, a kept checkpoint's directory)
+    # reads the same files; another config file's relative paths stay the working directory's.
+    from deep_nmt_tf.cli import load_config_file
+
+    assert os.path.exists(tmp_path / "moved" / "run.json")
+    given = load_config_file(str(tmp_path / "moved" / "config.yaml"), ["decoding.beam_size=2"])
+    assert (given.data.vocab, given.data.dev_target) == (moved.data.vocab, moved.data.dev_target)
+    assert given.decoding.beam_size == 2
+    shutil.copy(tmp_path / "moved" / "config.yaml", tmp_path / "template.yaml")
+    assert load_config_file(str(tmp_path / "template.yaml")).data.vocab == "vocab.txt"
 
 
 def test_configs_of_older_versions_still_load(tmp_path, monkeypatch):

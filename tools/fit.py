@@ -74,7 +74,7 @@ def _fit() -> None:
     holds)."""
     from deep_nmt_tf import sizing
     from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointError, CheckpointStore
-    from deep_nmt_tf.config import ConfigError, load_config, require_training_data
+    from deep_nmt_tf.config import ConfigError, require_training_data
     from deep_nmt_tf.data.text_io import DataError
 
     try:
@@ -82,7 +82,7 @@ def _fit() -> None:
         if FLAGS.config:
             from deep_nmt_tf.fit.compiling import check_fit_config
 
-            config = load_config(FLAGS.config, FLAGS.override)
+            config = cli.load_config_file(FLAGS.config, FLAGS.override)
             require_training_data(config)
             check_fit_config(config)
         if FLAGS.memory_check:  # Before any work: a config that cannot fit is refused.

@@ -52,7 +52,7 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"unexpected positional arguments: {' '.join(argv[1:])}")
     if not FLAGS.config or not FLAGS.model_dir:
         raise app.UsageError("--config=FILE and --model_dir=DIR are required")
-    from deep_nmt_tf.config import ConfigError, load_config, require_training_data
+    from deep_nmt_tf.config import ConfigError, require_training_data
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.run_dir import RunDir
 
@@ -60,7 +60,7 @@ def main(argv: Sequence[str]) -> None:
     if unknown:
         _fail(f"--splits: unknown split(s) {', '.join(unknown)} (train, dev, test)")
     try:
-        config = load_config(FLAGS.config, FLAGS.override)
+        config = cli.load_config_file(FLAGS.config, FLAGS.override)
         require_training_data(config)
         RunDir(FLAGS.model_dir).check_config(config)
     except ConfigError as e:

@@ -91,13 +91,13 @@ def main(argv: Sequence[str]) -> None:
     if not FLAGS.config or not FLAGS.model_dir:
         raise app.UsageError("--config=FILE and --model_dir=DIR are required")
 
-    from deep_nmt_tf.config import ConfigError, load_config, require_training_data
+    from deep_nmt_tf.config import ConfigError, require_training_data
     from deep_nmt_tf.run_dir import RunDir, RunDirError
 
     # Every config problem is reported here, before TensorFlow starts or any file is written
     # (a model that differs from the one the run directory was trained with included).
     try:
-        config = load_config(FLAGS.config, FLAGS.override)
+        config = cli.load_config_file(FLAGS.config, FLAGS.override)
         require_training_data(config)
         RunDir(FLAGS.model_dir).check_config(config)
     except (ConfigError, RunDirError) as e:
