@@ -137,7 +137,10 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
     out = {}
     for k, v in tree.items():
-        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 
@@ -376,16 +379,6 @@ class RunDir:
         moved = self.join(DATA_DIRNAME, os.path.basename(path))
         return moved if os.path.exists(moved) else inside
 
-    def resolve_paths(self, data: dict) -> None:
-        """Resolves the data paths of ``data``, a config read from ``config.yaml``, in place."""
-        section = data.get("data") if isinstance(data, dict) else None
-        if isinstance(section, dict):
-            for owner, key in [(section, k) for k in DATA_PATH_KEYS] + [
-                    (c, k) for c in section.get("train") or () if isinstance(c, dict)
-                    for k in ("source", "target")]:
-                if isinstance(owner.get(key), str):
-                    owner[key] = self.resolve_path(owner[key])
-
     def _map_data_paths(self, config: Config, fn) -> Config:
         data = config.data
         paths = {k: fn(getattr(data, k)) for k in DATA_PATH_KEYS}
@@ -412,11 +405,18 @@ class RunDir:
             logging.info("%s: a config of deep_nmt_tf 0.1, read with the current keys (%d "
                          "keys moved; the file is rewritten when this run trains again)",
                          path, len(moved))
-        if isinstance(data.get("data"), dict):
+        section = data.get("data")
+        if isinstance(section, dict):
             # Written before data.tokenizer existed: WordPiece, learned by tensorflow-text.
-            data["data"].setdefault("tokenizer", {"type": "wordpiece",
-                                                  "wordpiece": {"learner": "tensorflow_text"}})
-        self.resolve_paths(data)
+            section.setdefault("tokenizer", {"type": "wordpiece",
+                                             "wordpiece": {"learner": "tensorflow_text"}})
+            for key in DATA_PATH_KEYS:
+                if isinstance(section.get(key), str):
+                    section[key] = self.resolve_path(section[key])
+            for corpus in section.get("train") or ():
+                for key in ("source", "target"):
+                    if isinstance(corpus, dict) and isinstance(corpus.get(key), str):
+                        corpus[key] = self.resolve_path(corpus[key])
         try:
             return config_from_dict(data, source=path, overrides=overrides)
         except ConfigError as e:

@@ -360,10 +360,13 @@ class CheckpointStore:
         if existing:
             raise RunDirError(f"{destination} already holds a run ({', '.join(existing[:6])}): "
                               f"{checkpoint} is not kept there")
-        prefix = os.path.basename(checkpoint)
-        files = [os.path.join(os.path.dirname(checkpoint), n)
-                 for n in sorted(os.listdir(os.path.dirname(checkpoint) or "."))
-                 if n == prefix or (not is_keras_weights(prefix) and n.startswith(prefix + "."))]
+        write_state = None  # ckpt-N: the state file naming it (fit's .weights.h5 needs none)
+        if is_keras_weights(checkpoint):
+            files = [checkpoint]
+        else:
+            from deep_nmt_tf.checkpointing import _write_state as write_state, checkpoint_files
+
+            files = checkpoint_files(checkpoint)
         for name in sorted(os.listdir(source)):
             path = os.path.join(source, name)
             if not os.path.isfile(path) or name.startswith(CHECKPOINT_PREFIX + "-") or name in (
@@ -379,11 +382,9 @@ class CheckpointStore:
             if os.path.isdir(data):
                 shutil.copytree(data, os.path.join(destination, DATA_DIRNAME),
                                 copy_function=_link_or_copy)
-            kept = os.path.join(destination, prefix)
-            if not is_keras_weights(prefix):
-                from deep_nmt_tf.checkpointing import _write_state
-
-                _write_state(destination, [kept])
+            kept = os.path.join(destination, os.path.basename(checkpoint))
+            if write_state is not None:
+                write_state(destination, [kept])
         except OSError:
             shutil.rmtree(destination, ignore_errors=True)
             raise
