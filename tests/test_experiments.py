@@ -147,10 +147,15 @@ def test_the_tatoeba_suite_resolves_every_run():
     suite = load_suite(find_suite(os.path.join(ROOT, "configs", "tatoeba", "suite.yaml")))
     from deep_nmt_tf.config import load_config
 
-    configs = {r.name: load_config(r.config) for r in planned_runs(suite)}
+    planned = {r.name: r for r in planned_runs(suite)}
+    configs = {n: load_config(r.config, list(r.overrides)) for n, r in planned.items()}
     assert list(configs) == ["baseline", "deep_post", "deep_post_transparent",
                              "deep_post_deepnorm", "deep_post_deepnorm_lr1e-3",
-                             "deep_post_admin", "deep_pre", "wide"]
+                             "deep_post_admin", "deep_pre", "wide", "deep_post_admin_rollback"]
+    assert {n for n, r in planned.items() if r.seed != 1} == {"deep_post_admin_rollback"}
+    assert {n for n, c in configs.items() if c.training.spike_rollbacks} == {
+        "deep_post_admin_rollback"}
+    assert configs["deep_post_admin_rollback"].model == configs["deep_post_admin"].model
     assert {c.training.train_steps for c in configs.values()} == {12000}
     encoders = {name: c.model.encoder.get() for name, c in configs.items()}
     assert encoders["baseline"].num_layers == 4

@@ -81,6 +81,7 @@ def test_compile_model_maps_the_training_keys_to_keras_options():
 @pytest.mark.parametrize("key,override", [
     ("training.adaptive_clipping.enabled", {"adaptive_clipping": {"enabled": True}}),
     ("training.grad_norm_ratio_every", {"grad_norm_ratio_every": 5}),
+    ("training.spike_rollbacks", {"spike_rollbacks": 1}),
 ])
 def test_fit_refuses_what_it_cannot_do_naming_the_key(key, override):
     from deep_nmt_tf import fit

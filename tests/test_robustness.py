@@ -93,6 +93,9 @@ CONFIG_CASES = [
      r"training\.loss_explosion_factor: 0\.5 would warn .* use a factor > 1"),
     ("grad spike factor <= 1", SYNTHETIC, ["training.grad_spike_factor=1"],
      r"training\.grad_spike_factor: 1\.0 would call every update .* use a factor > 1"),
+    ("rollbacks without spikes", SYNTHETIC, ["training.grad_spike_factor=0",
+                                             "training.spike_rollbacks=2"],
+     r"training\.spike_rollbacks: 2 rollbacks need spikes to be found"),
     ("max consecutive skipped < 0", SYNTHETIC, ["training.max_consecutive_skipped=-1"],
      r"max_consecutive_skipped: -1 is out of range"),
     ("unknown section in an override", SYNTHETIC, ["trainig.train_steps=5"],
@@ -426,6 +429,57 @@ def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path
         Runner(config, str(kept), trainer=make_trainer_class(make_batches(4))).run()
     assert "Restored " + str(kept / "ckpt-5") + " (step 5" in _messages(caplog, logging.INFO)
     assert CheckpointStore(str(kept)).latest() == str(kept / "ckpt-8")
+
+
+def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, monkeypatch,
+                                                                      caplog):
+    """training.spike_rollbacks=1: bad micro-batches 7 and 14 (1000x gradient norm; checkpoints
+    every 5).  The first spike (update 7) rolls back to ckpt-5 and skips batches 6-7; the second
+    (update 12, batch 14) finds the rollback used and keeps ckpt-10 instead."""
+    from deep_nmt_tf.training import health
+
+    monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
+    cls = make_trainer_class(make_batches(4))
+    base_step = cls.train_step
+
+    def train_step(self, iterator, diagnostics=False):
+        out = base_step(self, iterator, diagnostics=diagnostics)
+        if int(self.data_position.numpy()) in (7, 14):  # A bad batch, wherever it falls.
+            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
+        return out
+
+    cls.train_step = train_step
+    seen = []
+
+    def record(trainer, step, logs):
+        seen.append((step, int(trainer.data_position.numpy()),
+                     int(trainer.optimizer.iterations.numpy())))
+
+    run = tmp_path / "run"
+    config = tiny_config(NO_DROPOUT, train_steps=16, checkpoint_every=5, keep_checkpoints=5,
+                         spike_rollbacks=1)
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        runner = Runner(config, str(run), trainer=cls)
+        runner.run(hooks=[record])
+    messages = _messages(caplog)
+    assert "step 7: gradient-norm spike" in messages
+    assert (f"Rolled back to {run / 'ckpt-5'} (step 5) after the gradient-norm spike at step 7: "
+            "training goes on from step 5, and the 2 micro-batch(es) read since that checkpoint "
+            "are skipped (rollback 1 of training.spike_rollbacks=1)") in messages
+    # Update 7 and its hook never happened; from update 6 on, each reads the batch two later.
+    assert [s for s, _, _ in seen] == list(range(1, 7)) + list(range(6, 17))
+    assert all(p == s for s, p, _ in seen[:6]) and all(p == s + 2 for s, p, _ in seen[6:])
+    assert all(i == s for s, _, i in seen)  # The optimizer went back with the step.
+    assert "step 12: gradient-norm spike" in messages  # Batch 14, at once after the rollback.
+    assert "every rollback is used; keeping the checkpoint before the spike" in messages
+    assert os.listdir(run / "kept") == ["before_spike_12"]
+    assert CheckpointStore(str(run / "kept" / "before_spike_12")).latest().endswith("ckpt-10")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="absl"):  # The skip is saved: a resume goes on.
+        resumed = Runner(config, str(run), trainer=make_trainer_class(make_batches(4)))
+        assert resumed.run() == {}
+    assert int(resumed.trainer.data_position.numpy()) == 18
+    assert "Nothing to do: step 16 >= 16" in _messages(caplog, logging.INFO)
 
 
 def test_exploding_learning_rate_is_warned_about_in_training(tmp_path, caplog):

@@ -286,6 +286,10 @@ def _training(cfg: Config, fail: Fail) -> None:
         fail("training.grad_spike_factor", f"{t.grad_spike_factor} would call every update whose "
              "gradient norm is above the median a spike; use a factor > 1 (20: a 20-fold jump), "
              "or 0 to turn the check off")
+    if t.spike_rollbacks and not t.grad_spike_factor:
+        fail("training.spike_rollbacks", f"{t.spike_rollbacks} rollbacks need spikes to be "
+             "found: set training.grad_spike_factor > 1 (20: a 20-fold jump), or set "
+             "spike_rollbacks to 0")
 
 
 def _run_checks(cfg: Config, fail: Fail, given: Callable[[str], bool]) -> None:

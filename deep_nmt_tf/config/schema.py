@@ -308,8 +308,14 @@ class TrainingConfig:
                                      "exceeds this many times the median of the last 200 "
                                      "(0: never; else > 1), and keep the newest checkpoint "
                                      "before it as a resumable run directory "
-                                     "MODEL_DIR/kept/before_spike_<step>.", min=0.0,
+                                     "MODEL_DIR/kept/before_spike_<step> (unless "
+                                     "training.spike_rollbacks rolls back).", min=0.0,
                                      affects_results=False)
+    spike_rollbacks: int = field(0, "At a gradient-norm spike (training.grad_spike_factor), "
+                                 "go back to the newest checkpoint before it and skip the "
+                                 "micro-batches read since then, at most this many times per "
+                                 "start of the run (0: never; the checkpoint is kept instead). "
+                                 "Custom loop, single worker.", min=0)
     warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
     freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
                                     "e.g. [encoder/stages/0]) whose variables are not trained "

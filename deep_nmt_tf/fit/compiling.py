@@ -28,8 +28,8 @@ close to it with token-bucketed batches.  And the dropout masks differ (another 
 What ``fit`` cannot do is refused by :func:`check_fit_config` with a
 :class:`~deep_nmt_tf.config.ConfigError` naming the key (:data:`UNSUPPORTED`): adaptive
 clipping (it skips updates, which a Keras optimizer cannot), the grad-norm ratio (it
-differentiates the encoder layer outputs), warm start (it reads TensorFlow checkpoints) and
-freezing.
+differentiates the encoder layer outputs), spike rollbacks (mid-run restores), warm start (it
+reads TensorFlow checkpoints) and freezing.
 
 Distribution: :func:`setup_distribution` turns on ``keras.distribution.DataParallel`` on JAX
 when there are several devices (call it before building the model); the batch is then the
@@ -62,6 +62,9 @@ UNSUPPORTED: Tuple[Tuple[str, Callable, str], ...] = (
     ("training.warm_start.checkpoint", lambda t: bool(t.warm_start.checkpoint),
      "warm start reads TensorFlow checkpoints (load weights into the model before fit "
      "instead)"),
+    ("training.spike_rollbacks", lambda t: t.spike_rollbacks > 0,
+     "rolling back to a checkpoint in the middle of training is the custom loop's (fit's "
+     "checkpoints do not record the data position to skip from)"),
     ("training.freeze", lambda t: bool(t.freeze),
      "freezing is done by the custom loop's variable list (set layer.trainable = False "
      "before compile instead)"),

@@ -19,8 +19,10 @@ them adds work to a training step:
   so far gets a WARNING (again at each further factor).  An applied update whose gradient norm
   exceeds ``training.grad_spike_factor`` times the median of the previous
   :data:`SPIKE_HISTORY` applied updates also gets one (at most one per :data:`SPIKE_HISTORY`
-  updates), and the runner keeps the newest checkpoint written before it as a resumable run
-  directory (``MODEL_DIR/kept/before_spike_<step>``): a spike can start a collapse whose loss
+  updates), and the runner rolls back to the newest checkpoint written before it
+  (``training.spike_rollbacks``) or keeps it as a resumable run directory
+  (``MODEL_DIR/kept/before_spike_<step>``; :mod:`~deep_nmt_tf.training.spikes`): a spike can
+  start a collapse whose loss
   stays well under the explosion factor (the Tatoeba Admin run of docs/RESULTS.md: the loss
   went from 2.55 to 4.59 while the gradient norm rose 50-fold), and by the time anyone looks the
   rotation has deleted the checkpoints before it.
@@ -206,6 +208,13 @@ class HealthMonitor:
                     len(self._norms), typical, self.grad_spike_factor)
         self._norms.append(norm)
         return spike
+
+    def rolled_back(self) -> None:
+        """The runner undid the spike's update (``training.spike_rollbacks``): its norm leaves
+        the history, and the next spike is reported however soon it comes."""
+        if self._norms:
+            self._norms.pop()
+        self._next_spike_warning = 0
 
     def _diverged_message(self, step: int, logs: Dict[str, float]) -> str:
         good_step, good = self.last_checkpoint

@@ -42,8 +42,9 @@ it and owns everything around it, in this order:
    checkpoint at the current step and raise :class:`~deep_nmt_tf.training.health.
    TrainingInterrupted`; ``training.max_consecutive_skipped`` non-finite updates in a row raise
    :class:`~deep_nmt_tf.training.health.TrainingDiverged` (a due checkpoint waits for the next
-   applied update); an exploding loss is warned about, and so is a gradient-norm spike, whose
-   newest checkpoint before it is kept (:meth:`Runner.keep_before_spike`); a lost worker of a
+   applied update); an exploding loss is warned about, and so is a gradient-norm spike, after
+   which the run rolls back to the newest checkpoint before it (``training.spike_rollbacks``)
+   or keeps that checkpoint (:mod:`~deep_nmt_tf.training.spikes`); a lost worker of a
    multi-worker run raises :class:`~deep_nmt_tf.training.health.WorkerLost`.  A checkpoint
    (periodic, on a signal, at a stop request or at the end) or ``config.yaml``/``run.json``
    that cannot be written because the disk is full raises
@@ -81,7 +82,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -93,11 +93,10 @@ from deep_nmt_tf.checkpointing import has_object, object_names
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
 from deep_nmt_tf.config import Config
 from deep_nmt_tf.progress import LogWindow, Progress
-from deep_nmt_tf.run_dir import (CONFIG_FILENAME, EVAL_LOGS, KEPT_DIRNAME, TRAIN_LOGS, RunDir,
-                                 RunDirError)
+from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
 from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
-from deep_nmt_tf.training import evaluation, health, metrics
+from deep_nmt_tf.training import evaluation, health, metrics, spikes
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.actions import PeriodicAction, TrainHook, hook_action
 from deep_nmt_tf.training.gradient_transforms import TRANSFORM_ITEM_PREFIX
@@ -202,19 +201,20 @@ class Runner:
         with self.checkpoints.writing("config.yaml and run.json", kind=TF_CHECKPOINT):
             self.run_dir.save_config(self.config, write=self.is_chief)
         trainer = self.trainer
-        self._checkpoint_items = trainer.checkpoint_items()
-        self.checkpoint = tf.train.Checkpoint(**self._checkpoint_items)
+        #: What a checkpoint holds besides the data iterator (the trainer's items).
+        self.checkpoint_items = trainer.checkpoint_items()
+        self.checkpoint = tf.train.Checkpoint(**self.checkpoint_items)
         t = self.config.training
         self.saver = self.checkpoints.saver(self.checkpoint, t.keep_checkpoints, trainer.step,
                                             chief=self.is_chief)
         resume_path = self.checkpoints.set_aside_skipped(self.resume, self.is_chief)
         saved = object_names(resume_path) if resume_path else set()
-        fresh = [name for name in self._checkpoint_items if resume_path and name not in saved
+        fresh = [name for name in self.checkpoint_items if resume_path and name not in saved
                  and name.startswith(TRANSFORM_ITEM_PREFIX)]
         if fresh:
             # Gradient-transform state new at this resume: restored without it, saved with it.
             self.saver.set_checkpoint(tf.train.Checkpoint(**{
-                k: v for k, v in self._checkpoint_items.items() if k not in fresh}))
+                k: v for k, v in self.checkpoint_items.items() if k not in fresh}))
         restored = self.saver.restore(resume_path)
         if fresh:
             self.saver.set_checkpoint(self.checkpoint)
@@ -232,6 +232,15 @@ class Runner:
                                            t.grad_spike_factor)
         self.health.checkpoint_saved(int(trainer.step.numpy()), restored)
         self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if t.spike_rollbacks and self._multi_worker:
+            from deep_nmt_tf.config import ConfigError
+
+            raise ConfigError(f"{self.config.source}: training.spike_rollbacks="
+                              f"{t.spike_rollbacks}: not supported under "
+                              "MultiWorkerMirroredStrategy (every worker would have to restore "
+                              "the chief's checkpoint); set it to 0 there")
+        #: At a gradient-norm spike: roll back, or keep the checkpoint before it.
+        self.spike_response = spikes.SpikeResponse(self, t.spike_rollbacks)
         self._checkpoint_pending = False
         dev = isinstance(trainer, DevEvaluation)
         self.evaluator = evaluation.Evaluator(trainer) if dev else None
@@ -323,7 +332,7 @@ class Runner:
                                  "the checkpoint", position)
                     _advance(iterator, tf.constant(position, tf.int64))
                 self.saver.set_checkpoint(
-                    tf.train.Checkpoint(**self._checkpoint_items, data_iterator=iterator))
+                    tf.train.Checkpoint(**self.checkpoint_items, data_iterator=iterator))
                 return iterator
         if position:
             logging.info("Skipping the %d training micro-batches consumed before the checkpoint",
@@ -486,8 +495,11 @@ class Runner:
             if logs.pop("stop_requested", 0.0) > 0 or (signals.requested and
                                                         not self._multi_worker):
                 self._interrupt(step, signals.received or "a signal to another worker")
-            if self.health.after_step(step, logs) and self.is_chief:
-                self.keep_before_spike(step)
+            if self.health.after_step(step, logs):
+                back = self.spike_response(step)
+                if back is not None:  # Rolled back: this update is undone.
+                    step, self._window = back, LogWindow(trainer.SUM_KEYS)
+                    continue
             if self._checkpoint_pending and not self.health.in_streak:
                 self.save_checkpoint()
             ratio = {k: logs.pop(k) for k in diagnostics_lib.RATIO_KEYS if k in logs}
@@ -511,32 +523,6 @@ class Runner:
             if self._stop is not None:
                 self._progress.close()
                 return
-
-    def keep_before_spike(self, step: int) -> Optional[str]:
-        """Keeps the newest checkpoint written before the update of ``step`` (a gradient-norm
-        spike, :class:`~deep_nmt_tf.training.health.HealthMonitor`) as the resumable run
-        directory ``MODEL_DIR/kept/before_spike_<step>``
-        (:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.keep`), out of the rotation's reach;
-        returns its checkpoint (None: none was written yet, or it could not be kept)."""
-        saved_step, saved = self.health.last_checkpoint
-        if not saved:
-            logging.warning("No checkpoint was written before the spike at step %d: nothing to "
-                            "keep", step)
-            return None
-        destination = self.run_dir.join(KEPT_DIRNAME, f"before_spike_{step}")
-        try:
-            kept = self.checkpoints.keep(saved, destination)
-        except (OSError, RunDirError) as e:
-            logging.warning("Could not keep %s, the checkpoint before the spike (%s)", saved, e)
-            return None
-        logging.warning(
-            "Kept %s (step %d, the newest checkpoint before the spike) as %s, a run directory "
-            "the checkpoint rotation does not touch. Training goes on here; should it collapse, "
-            "go on from the kept one instead, e.g. with RNMT+'s adaptive clipping: "
-            "deep-nmt-train --config=%s --model_dir=%s "
-            "--override=training.adaptive_clipping.enabled=true", saved, saved_step, kept,
-            os.path.join(destination, CONFIG_FILENAME), destination)
-        return kept
 
     def _interrupt(self, step: int, signal_name: str) -> None:
         """Saves a checkpoint at ``step`` (unless there is one) and raises

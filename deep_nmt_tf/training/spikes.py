@@ -1,0 +1,122 @@
+"""What the runner does after a gradient-norm spike.
+
+:class:`~deep_nmt_tf.training.health.HealthMonitor` finds the spikes (an applied update whose
+gradient norm is over ``training.grad_spike_factor`` times the median of the last 200) and warns;
+:class:`SpikeResponse` then does one of two things with the newest checkpoint written before it:
+
+* **roll back** (``training.spike_rollbacks`` > 0, at most that many times per start of the
+  run): the model, the optimizer, the counters and the gradient transforms' state are restored
+  from that checkpoint, in the running process, and training goes on from its step.  The data
+  iterator is not restored: it stays where the spike left it, so the micro-batches read since
+  the checkpoint are skipped (``data_position`` keeps counting them, and a later resume is
+  exact).  This is PaLM's remedy for loss spikes (Chowdhery et al. 2022, section 5.1: restart
+  about 100 steps before the spike and skip 200-500 batches), and what docs/RESULTS.md found on
+  Tatoeba: an 18-layer Admin run that collapsed at update 6,700 trained on normally when resumed
+  from its checkpoint at 6,600.
+* **keep** (otherwise, and when the rollbacks are used up): the checkpoint is copied out of the
+  rotation's reach as the resumable run directory ``MODEL_DIR/kept/before_spike_<step>``
+  (:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.keep`; hard links, else copies) and training
+  goes on; the log says how to go on from it should the run collapse.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import tensorflow as tf
+from absl import logging
+
+from deep_nmt_tf.run_dir import CONFIG_FILENAME, KEPT_DIRNAME, TRAIN_LOGS, RunDirError
+from deep_nmt_tf.training import metrics
+
+__all__ = ["SpikeResponse"]
+
+
+class SpikeResponse:
+    """Rolls a runner back to the checkpoint before a spike, or keeps that checkpoint (module
+    docstring).
+
+    Args:
+      runner: the :class:`~deep_nmt_tf.training.runner.Runner` (its trainer, checkpoint items,
+        health monitor, run directory and checkpoint store are used).
+      rollbacks: ``training.spike_rollbacks``.
+    """
+
+    def __init__(self, runner, rollbacks: int):
+        self.runner = runner
+        self.allowed = int(rollbacks)
+        #: Rollbacks made since this process started the run.
+        self.done = 0
+
+    def __call__(self, step: int) -> Optional[int]:
+        """Responds to the spike of update ``step``; returns the step training goes on from
+        after a rollback, or None (training goes on from ``step``)."""
+        if self.done < self.allowed:
+            back = self.roll_back(step)
+            if back is not None:
+                return back
+        elif self.allowed:
+            logging.warning("training.spike_rollbacks=%d: every rollback is used; keeping the "
+                            "checkpoint before the spike instead", self.allowed)
+        if self.runner.is_chief:
+            self.keep(step)
+        return None
+
+    def _checkpoint_before(self, step: int, otherwise: str):
+        """``(step, path)`` of the newest checkpoint before the spike at ``step`` (path None,
+        with a WARNING ending in ``otherwise``, when none was written)."""
+        saved_step, saved = self.runner.health.last_checkpoint
+        if not saved:
+            logging.warning("No checkpoint was written before the spike at step %d: %s", step,
+                            otherwise)
+        return saved_step, saved
+
+    def roll_back(self, step: int) -> Optional[int]:
+        """Restores the newest checkpoint before the spike at ``step`` except the data iterator
+        (the batches since then are skipped); returns its step, or None when there is none."""
+        runner = self.runner
+        trainer = runner.trainer
+        saved_step, saved = self._checkpoint_before(step, "cannot roll back")
+        if not saved:
+            return None
+        position = int(trainer.data_position.numpy())
+        status = tf.train.Checkpoint(**runner.checkpoint_items).restore(saved)
+        status.assert_existing_objects_matched()
+        status.expect_partial()  # The data iterator's saved state is left alone.
+        skipped = position - int(trainer.data_position.numpy())
+        trainer.data_position.assign(position)
+        self.done += 1
+        runner.health.rolled_back()
+        metrics.write_scalars(runner.writer(TRAIN_LOGS), saved_step,
+                              {"spike_rollbacks": float(self.done)})
+        logging.warning(
+            "Rolled back to %s (step %d) after the gradient-norm spike at step %d: training goes "
+            "on from step %d, and the %d micro-batch(es) read since that checkpoint are skipped "
+            "(rollback %d of training.spike_rollbacks=%d)", saved, saved_step, step, saved_step,
+            skipped, self.done, self.allowed)
+        return saved_step
+
+    def keep(self, step: int) -> Optional[str]:
+        """Keeps the newest checkpoint written before the update of ``step`` as the resumable
+        run directory ``MODEL_DIR/kept/before_spike_<step>``, out of the rotation's reach;
+        returns its checkpoint (None: none was written yet, or it could not be kept)."""
+        runner = self.runner
+        saved_step, saved = self._checkpoint_before(step, "nothing to keep")
+        if not saved:
+            return None
+        destination = runner.run_dir.join(KEPT_DIRNAME, f"before_spike_{step}")
+        try:
+            kept = runner.checkpoints.keep(saved, destination)
+        except (OSError, RunDirError) as e:
+            logging.warning("Could not keep %s, the checkpoint before the spike (%s)", saved, e)
+            return None
+        logging.warning(
+            "Kept %s (step %d, the newest checkpoint before the spike) as %s, a run directory "
+            "the checkpoint rotation does not touch. Training goes on here; should it collapse, "
+            "go on from the kept one instead, e.g. with RNMT+'s adaptive clipping: "
+            "deep-nmt-train --config=%s --model_dir=%s "
+            "--override=training.adaptive_clipping.enabled=true (or set "
+            "training.spike_rollbacks to roll back by itself)", saved, saved_step, kept,
+            os.path.join(destination, CONFIG_FILENAME), destination)
+        return kept
