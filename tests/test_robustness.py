@@ -482,6 +482,21 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
     assert "Nothing to do: step 16 >= 16" in _messages(caplog, logging.INFO)
 
 
+def test_spike_rollbacks_are_refused_under_multi_worker_mirrored_strategy(tmp_path):
+    """Refused before anything is built (every worker would have to restore the chief's files)."""
+    import tensorflow as tf
+
+    from deep_nmt_tf.config import ConfigError
+
+    strategy = object.__new__(tf.distribute.MultiWorkerMirroredStrategy)  # Only its type counts.
+    config = tiny_config(NO_DROPOUT, spike_rollbacks=1)
+    with pytest.raises(ConfigError, match=r"training\.spike_rollbacks=1: not supported under "
+                                          r"MultiWorkerMirroredStrategy"):
+        Runner(config, str(tmp_path / "run"), strategy=strategy,
+               trainer=make_trainer_class(make_batches(1)))
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
 def test_exploding_learning_rate_is_warned_about_in_training(tmp_path, caplog):
     config = tiny_config(NO_DROPOUT, train_steps=4, checkpoint_every=100, log_every=1,
                          schedule=constant(30.0), max_consecutive_skipped=0)

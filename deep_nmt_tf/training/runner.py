@@ -91,7 +91,7 @@ from absl import logging
 from deep_nmt_tf import compat
 from deep_nmt_tf.checkpointing import has_object, object_names
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
-from deep_nmt_tf.config import Config
+from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.progress import LogWindow, Progress
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
 from deep_nmt_tf.task import per_token_metrics
@@ -166,7 +166,9 @@ class Runner:
         :class:`~deep_nmt_tf.training.Trainer`).
 
     Raises:
-      ConfigError: ``model_dir`` was trained with a different model config or vocabulary.
+      ConfigError: ``model_dir`` was trained with a different model config or vocabulary;
+        ``training.shape_classes`` (fit only); ``training.spike_rollbacks`` under
+        ``MultiWorkerMirroredStrategy``.
       CheckpointError: checkpoint files, none readable (and not ``start_over``), or
         ``start_over`` with a readable checkpoint; :class:`~deep_nmt_tf.checkpoints.
         DiskFullError` when ``config.yaml`` or ``run.json`` cannot be written for space.
@@ -179,8 +181,6 @@ class Runner:
         if trainer is None:
             from deep_nmt_tf.training.trainer import Trainer as trainer
         if config.training.shape_classes:
-            from deep_nmt_tf.config import ConfigError
-
             raise ConfigError(
                 f"{config.source}: training.shape_classes={config.training.shape_classes}: "
                 f"only the Keras fit route (deep-nmt-fit, deep-nmt-experiment --route=fit) "
@@ -188,6 +188,12 @@ class Runner:
         self.run_dir = RunDir(model_dir)
         self.model_dir = self.run_dir.path
         self.strategy = strategy or tf.distribute.get_strategy()
+        self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if config.training.spike_rollbacks and self._multi_worker:
+            raise ConfigError(f"{config.source}: training.spike_rollbacks="
+                              f"{config.training.spike_rollbacks}: not supported under "
+                              "MultiWorkerMirroredStrategy (every worker would have to restore "
+                              "the chief's checkpoint); set it to 0 there")
         self.is_chief = is_chief(self.strategy)
         self.checkpoint_iterator = checkpoint_iterator
         #: The run directory's checkpoints (both kinds; the loop writes ``ckpt-N``).
@@ -231,14 +237,6 @@ class Runner:
         self.health = health.HealthMonitor(t.max_consecutive_skipped, t.loss_explosion_factor,
                                            t.grad_spike_factor)
         self.health.checkpoint_saved(int(trainer.step.numpy()), restored)
-        self._multi_worker = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        if t.spike_rollbacks and self._multi_worker:
-            from deep_nmt_tf.config import ConfigError
-
-            raise ConfigError(f"{self.config.source}: training.spike_rollbacks="
-                              f"{t.spike_rollbacks}: not supported under "
-                              "MultiWorkerMirroredStrategy (every worker would have to restore "
-                              "the chief's checkpoint); set it to 0 there")
         #: At a gradient-norm spike: roll back, or keep the checkpoint before it.
         self.spike_response = spikes.SpikeResponse(self, t.spike_rollbacks)
         self._checkpoint_pending = False
