@@ -155,7 +155,9 @@ class HealthMonitor:
         self.max_consecutive_skipped = int(max_consecutive_skipped)
         self.loss_explosion_factor = float(loss_explosion_factor)
         self.grad_spike_factor = float(grad_spike_factor)
-        self._norms: "collections.deque[float]" = collections.deque(maxlen=SPIKE_HISTORY)
+        #: ``(step, gradient norm)`` of the last applied updates.
+        self._norms: "collections.deque[Tuple[int, float]]" = collections.deque(
+            maxlen=SPIKE_HISTORY)
         self._next_spike_warning = 0
         self.streak = 0
         self.streak_start = 0
@@ -196,7 +198,7 @@ class HealthMonitor:
             return False  # Skipped updates changed nothing (adaptive clipping's outliers).
         spike = False
         if len(self._norms) >= min(SPIKE_MIN_HISTORY, SPIKE_HISTORY):
-            typical = statistics.median(self._norms)
+            typical = statistics.median(n for _, n in self._norms)
             if norm > self.grad_spike_factor * typical and step >= self._next_spike_warning:
                 spike = True
                 self._next_spike_warning = step + SPIKE_HISTORY
@@ -206,13 +208,14 @@ class HealthMonitor:
                     "collapse that the loss shows only mildly: watch the next log windows (and "
                     "the grad-norm ratio r_t).", step, norm, norm / max(typical, 1e-30),
                     len(self._norms), typical, self.grad_spike_factor)
-        self._norms.append(norm)
+        self._norms.append((step, norm))
         return spike
 
-    def rolled_back(self) -> None:
-        """The runner undid the spike's update (``training.spike_rollbacks``): its norm leaves
-        the history, and the next spike is reported however soon it comes."""
-        if self._norms:
+    def rolled_back(self, step: int) -> None:
+        """The runner went back to ``step`` (``training.spike_rollbacks``): the norms of the
+        updates after it leave the history, and the next spike is reported however soon it
+        comes."""
+        while self._norms and self._norms[-1][0] > step:
             self._norms.pop()
         self._next_spike_warning = 0
 

@@ -87,7 +87,7 @@ class SpikeResponse:
         skipped = position - int(trainer.data_position.numpy())
         trainer.data_position.assign(position)
         self.done += 1
-        runner.health.rolled_back()
+        runner.health.rolled_back(saved_step)
         metrics.write_scalars(runner.writer(TRAIN_LOGS), saved_step,
                               {"spike_rollbacks": float(self.done)})
         logging.warning(
