@@ -484,6 +484,37 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
     assert "Nothing to do: step 16 >= 16" in _messages(caplog, logging.INFO)
 
 
+def test_a_rollback_to_a_checkpoint_without_the_clippers_state(tmp_path, monkeypatch, caplog):
+    """Adaptive clipping turned on at a resume from ckpt-5 (which has no clipper state), then a
+    spike before the next checkpoint: the rollback restores ckpt-5 and the clipper keeps its own
+    state (it used to fail: the checkpoint has no object for it)."""
+    from deep_nmt_tf.training import health
+
+    monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 2)
+    run = tmp_path / "run"
+    plain = tiny_config(NO_DROPOUT, train_steps=5, checkpoint_every=5)
+    Runner(plain, str(run), trainer=make_trainer_class(make_batches(4))).run()
+    cls = make_trainer_class(make_batches(4))
+    base_step = cls.train_step
+
+    def train_step(self, iterator, diagnostics=False):
+        out = base_step(self, iterator, diagnostics=diagnostics)
+        if int(self.data_position.numpy()) == 9:
+            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
+        return out
+
+    cls.train_step = train_step
+    clipped = tiny_config(NO_DROPOUT, train_steps=12, checkpoint_every=20, spike_rollbacks=1,
+                          adaptive_clipping={"enabled": True, "warmup_steps": 1})
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        runner = Runner(clipped, str(run), trainer=cls)
+        runner.run()
+    assert f"Rolled back to {run / 'ckpt-5'} (step 5) after the gradient-norm spike at step 9" \
+        in _messages(caplog)
+    assert int(runner.trainer.step.numpy()) == 12
+    assert int(runner.trainer.data_position.numpy()) == 16
+
+
 def test_spike_rollbacks_are_refused_under_multi_worker_mirrored_strategy(tmp_path):
     """Refused before anything is built (every worker would have to restore the chief's files)."""
     import tensorflow as tf

@@ -27,6 +27,7 @@ from typing import Optional
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf.checkpointing import object_names
 from deep_nmt_tf.run_dir import CONFIG_FILENAME, KEPT_DIRNAME, TRAIN_LOGS, RunDirError
 from deep_nmt_tf.training import metrics
 
@@ -81,7 +82,11 @@ class SpikeResponse:
         if not saved:
             return None
         position = int(trainer.data_position.numpy())
-        status = tf.train.Checkpoint(**runner.checkpoint_items).restore(saved)
+        present = object_names(saved)
+        # A gradient transform new since that checkpoint (turned on at the resume that restored
+        # it) has no state there: it keeps its own.
+        items = {k: v for k, v in runner.checkpoint_items.items() if k in present}
+        status = tf.train.Checkpoint(**items).restore(saved)
         status.assert_existing_objects_matched()
         status.expect_partial()  # The data iterator's saved state is left alone.
         skipped = position - int(trainer.data_position.numpy())
