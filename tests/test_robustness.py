@@ -389,6 +389,23 @@ def test_gradient_norm_spike_warning(monkeypatch, caplog, case, norms, skipped, 
     assert spikes == warned == warn_steps
 
 
+def _trainer_with_bad_batches(*positions):
+    """The copy-task trainer class whose updates on the micro-batches numbered ``positions``
+    (1-based, counted by ``data_position``) report a 1000x gradient norm: a spike, wherever the
+    batch falls (the update itself is unchanged)."""
+    cls = make_trainer_class(make_batches(4))
+    base_step = cls.train_step
+
+    def train_step(self, iterator, diagnostics=False):
+        out = base_step(self, iterator, diagnostics=diagnostics)
+        if int(self.data_position.numpy()) in positions:
+            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
+        return out
+
+    cls.train_step = train_step
+    return cls
+
+
 def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path, monkeypatch,
                                                                          caplog):
     """The spike at update 7 keeps ckpt-5 (checkpoints every 5, 3 kept: the rotation deletes
@@ -397,16 +414,7 @@ def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path
     from deep_nmt_tf.training import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
-    cls = make_trainer_class(make_batches(4))
-    base_step = cls.train_step
-
-    def train_step(self, iterator, diagnostics=False):
-        out = base_step(self, iterator, diagnostics=diagnostics)
-        if int(self.step.numpy()) == 7:  # The norm the runner reads, 1000x: a spike.
-            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
-        return out
-
-    cls.train_step = train_step
+    cls = _trainer_with_bad_batches(7)
     run = tmp_path / "run"
     config = tiny_config(NO_DROPOUT, train_steps=20, checkpoint_every=5, keep_checkpoints=3)
     with caplog.at_level(logging.WARNING, logger="absl"):
@@ -439,16 +447,7 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
     from deep_nmt_tf.training import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
-    cls = make_trainer_class(make_batches(4))
-    base_step = cls.train_step
-
-    def train_step(self, iterator, diagnostics=False):
-        out = base_step(self, iterator, diagnostics=diagnostics)
-        if int(self.data_position.numpy()) in (7, 14):  # A bad batch, wherever it falls.
-            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
-        return out
-
-    cls.train_step = train_step
+    cls = _trainer_with_bad_batches(7, 14)
     seen = []
 
     def record(trainer, step, logs):
@@ -494,16 +493,7 @@ def test_a_rollback_to_a_checkpoint_without_the_clippers_state(tmp_path, monkeyp
     run = tmp_path / "run"
     plain = tiny_config(NO_DROPOUT, train_steps=5, checkpoint_every=5)
     Runner(plain, str(run), trainer=make_trainer_class(make_batches(4))).run()
-    cls = make_trainer_class(make_batches(4))
-    base_step = cls.train_step
-
-    def train_step(self, iterator, diagnostics=False):
-        out = base_step(self, iterator, diagnostics=diagnostics)
-        if int(self.data_position.numpy()) == 9:
-            out = dict(out, grad_norm=out["grad_norm"] * 1000.0)
-        return out
-
-    cls.train_step = train_step
+    cls = _trainer_with_bad_batches(9)
     clipped = tiny_config(NO_DROPOUT, train_steps=12, checkpoint_every=20, spike_rollbacks=1,
                           adaptive_clipping={"enabled": True, "warmup_steps": 1})
     with caplog.at_level(logging.WARNING, logger="absl"):

@@ -15,10 +15,18 @@ from typing import Dict, List, Sequence
 
 import tensorflow as tf
 
-__all__ = ["GradientTransform", "ClipByGlobalNorm", "TRANSFORM_ITEM_PREFIX"]
+__all__ = ["GradientTransform", "ClipByGlobalNorm", "TRANSFORM_ITEM_PREFIX", "new_transform_items"]
 
 #: A training checkpoint names transform ``i``'s item ``name`` ``transform_<i>_<name>``.
 TRANSFORM_ITEM_PREFIX = "transform_"
+
+
+def new_transform_items(items: Dict[str, object], saved_names) -> List[str]:
+    """The transform items of ``items`` (a checkpoint's objects by name) that a checkpoint
+    with the root objects ``saved_names`` has no state for: transforms turned on since it was
+    written, restored without it (they keep their state) while every other object must match."""
+    return [name for name in items
+            if name.startswith(TRANSFORM_ITEM_PREFIX) and name not in saved_names]
 
 
 class GradientTransform:

@@ -99,7 +99,7 @@ from deep_nmt_tf.training import diagnostics as diagnostics_lib
 from deep_nmt_tf.training import evaluation, health, metrics, spikes
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.actions import PeriodicAction, TrainHook, hook_action
-from deep_nmt_tf.training.gradient_transforms import TRANSFORM_ITEM_PREFIX
+from deep_nmt_tf.training.gradient_transforms import new_transform_items
 from deep_nmt_tf.training.interface import DevEvaluation, TrainerInterface
 from deep_nmt_tf.training.strategy import is_chief
 
@@ -214,9 +214,8 @@ class Runner:
         self.saver = self.checkpoints.saver(self.checkpoint, t.keep_checkpoints, trainer.step,
                                             chief=self.is_chief)
         resume_path = self.checkpoints.set_aside_skipped(self.resume, self.is_chief)
-        saved = object_names(resume_path) if resume_path else set()
-        fresh = [name for name in self.checkpoint_items if resume_path and name not in saved
-                 and name.startswith(TRANSFORM_ITEM_PREFIX)]
+        fresh = new_transform_items(self.checkpoint_items,
+                                    object_names(resume_path)) if resume_path else []
         if fresh:
             # Gradient-transform state new at this resume: restored without it, saved with it.
             self.saver.set_checkpoint(tf.train.Checkpoint(**{

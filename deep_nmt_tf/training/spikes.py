@@ -30,6 +30,7 @@ from absl import logging
 from deep_nmt_tf.checkpointing import object_names
 from deep_nmt_tf.run_dir import CONFIG_FILENAME, KEPT_DIRNAME, TRAIN_LOGS, RunDirError
 from deep_nmt_tf.training import metrics
+from deep_nmt_tf.training.gradient_transforms import new_transform_items
 
 __all__ = ["SpikeResponse"]
 
@@ -82,11 +83,11 @@ class SpikeResponse:
         if not saved:
             return None
         position = int(trainer.data_position.numpy())
-        present = object_names(saved)
-        # A gradient transform new since that checkpoint (turned on at the resume that restored
-        # it) has no state there: it keeps its own.
-        items = {k: v for k, v in runner.checkpoint_items.items() if k in present}
-        status = tf.train.Checkpoint(**items).restore(saved)
+        # A gradient transform turned on at the resume that restored that checkpoint has no
+        # state there: it keeps its own.
+        fresh = new_transform_items(runner.checkpoint_items, object_names(saved))
+        status = tf.train.Checkpoint(**{k: v for k, v in runner.checkpoint_items.items()
+                                        if k not in fresh}).restore(saved)
         status.assert_existing_objects_matched()
         status.expect_partial()  # The data iterator's saved state is left alone.
         skipped = position - int(trainer.data_position.numpy())
