@@ -214,10 +214,10 @@ def _repair_state(directory: str, keep: Sequence[str]) -> None:
     """Rewrites ``DIRECTORY/checkpoint`` to list ``keep`` if it lists other checkpoints."""
     listed = {os.path.normpath(p) for p in _listed_checkpoints(directory)}
     if listed != {os.path.normpath(p) for p in keep}:
-        _write_state(directory, keep)
+        write_checkpoint_state(directory, keep)
 
 
-def _write_state(directory: str, paths: Sequence[str]) -> None:
+def write_checkpoint_state(directory: str, paths: Sequence[str]) -> None:
     """Rewrites ``DIRECTORY/checkpoint`` to list ``paths`` (oldest first; set aside if empty),
     with their files' times as timestamps, so that ``tf.train.CheckpointManager`` rotates them
     as usual."""

@@ -215,6 +215,19 @@ def test_the_table_does_not_report_training_it_did_not_time():
     assert [line.split(" | ")[2] for line in table.splitlines()[2:5]] == [
         "mixed_bfloat16", "float32", "float32"]
     assert table.splitlines()[-2:] == ["Trained on CPU X: a, c.", "Trained on CPU Y: b."]
+    # The gradient-norm spikes a run met (its spikes.json), and what was done about them.
+    spikes = [{"step": 6700, "grad_norm": 28.4, "median": 1.136, "history": 200,
+               "action": "rolled_back", "to_step": 6600, "checkpoint": "r/ckpt-6600",
+               "skipped_micro_batches": 100},
+              {"step": 9100, "grad_norm": 50.0, "median": 1.0, "history": 200, "action": "kept",
+               "checkpoint": "r/ckpt-9000", "kept_as": "r/kept/before_spike_9100"},
+              {"step": 30, "action": "none"}]
+    table = _markdown({"a": run(seconds=60, spikes=spikes), "b": run(seconds=60)}, ["test2016"])
+    assert table.splitlines()[-1] == (
+        "Gradient-norm spikes met in training (training.grad_spike_factor; the run directory's "
+        "spikes.json): a: update 6,700 (|g| 28.4, 25x the median): rolled back to 6,600, 100 "
+        "micro-batch(es) skipped, update 9,100 (|g| 50, 50x the median): kept the checkpoint of "
+        "update 9,000, update 30: nothing done (no checkpoint kept).")
 
 
 def test_the_machine_is_named_by_family_and_model_and_a_resume_elsewhere_is_recorded():
@@ -466,11 +479,19 @@ def test_a_short_baseline_run_trains_decodes_scores_and_resumes(tmp_path, monkey
     grown.write_text(suite.read_text(encoding="utf-8").replace(
         "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4]",
         "length_penalties: [0.6, 0.8, 1.0, 1.2, 1.4, 1.6]"), encoding="utf-8")
+    # ... and the spikes the run's spikes.json records (written by the runner) are reported.
+    spike = {"step": 30, "grad_norm": 9.0, "median": 0.3, "history": 29, "action": "kept",
+             "checkpoint": os.path.join(run_dir, "ckpt-20"), "kept_as": "kept/before_spike_30"}
+    with open(os.path.join(run_dir, "spikes.json"), "w", encoding="utf-8") as f:
+        json.dump({"spikes": [spike]}, f)
     messages = "\n".join(_experiment_here([f"--suite={grown}"] + args[1:]))
     assert "at length penalty 1.6" in messages
     assert "at length penalty 1.4" not in messages
-    decoding = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))[
-        "baseline"]["decoding"]
+    grown_results = json.load(open(os.path.join(out, "results.json"), encoding="utf-8"))
+    assert grown_results["baseline"]["training"]["spikes"] == [spike]
+    assert "baseline: update 30 (|g| 9, 30x the median): kept the checkpoint of update 20." in \
+        open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    decoding = grown_results["baseline"]["decoding"]
     assert decoding["length_penalty"] in (0.6, 0.8, 1.0, 1.2, 1.4, 1.6)
     # A moved output directory: its checkpoints are averaged again in their new place (the old
     # average names the old paths) and the same average decodes to the same scores.

@@ -32,6 +32,7 @@ from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.run_dir import RunDir, RunDirError
 from deep_nmt_tf.training import Runner, TrainingDiverged
 from deep_nmt_tf.training.health import HealthMonitor
+from deep_nmt_tf.training.spikes import read_spikes
 from config_trees import constant
 from test_decoding_helpers import TINY, trained_run
 from test_training_helpers import NO_DROPOUT, make_batches, make_trainer_class, tiny_config
@@ -428,6 +429,10 @@ def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path
     assert {"config.yaml", "run.json", "checkpoint"} <= set(os.listdir(kept))
     assert not any(n.startswith("ckpt-1") for n in os.listdir(kept))  # and no other checkpoint.
     assert CheckpointStore(str(kept)).latest() == str(kept / "ckpt-5")
+    [spike] = read_spikes(str(run))
+    assert spike["step"] == 7 and spike["action"] == "kept" and spike["history"] == 6
+    assert spike["checkpoint"] == str(run / "ckpt-5") and spike["kept_as"] == str(kept)
+    assert spike["grad_norm"] > 100 * spike["median"] > 0
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="absl"):
         # As the warning says: --config=KEPT/config.yaml --model_dir=KEPT, clipping turned on.
@@ -475,12 +480,39 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
     assert "every rollback is used; keeping the checkpoint before the spike" in messages
     assert os.listdir(run / "kept") == ["before_spike_12"]
     assert CheckpointStore(str(run / "kept" / "before_spike_12")).latest().endswith("ckpt-10")
+    first, second = read_spikes(str(run))  # Both, the undone update's included.
+    assert (first["step"], first["action"], first["to_step"], first["skipped_micro_batches"],
+            first["checkpoint"]) == (7, "rolled_back", 5, 2, str(run / "ckpt-5"))
+    assert (second["step"], second["action"], second["history"]) == (12, "kept", 11)
+    assert second["checkpoint"] == str(run / "ckpt-10")
+    # The kept copy's record is the one of its time (replaced by a rename, not appended to).
+    assert read_spikes(str(run / "kept" / "before_spike_12")) == [first]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="absl"):  # The skip is saved: a resume goes on.
         resumed = Runner(config, str(run), trainer=make_trainer_class(make_batches(4)))
         assert resumed.run() == {}
     assert int(resumed.trainer.data_position.numpy()) == 18
     assert "Nothing to do: step 16 >= 16" in _messages(caplog, logging.INFO)
+
+
+def test_an_unreadable_spike_record_is_set_aside_not_overwritten(tmp_path, monkeypatch, caplog):
+    """A damaged ``spikes.json`` is named when read, and set aside (kept) when the next spike is
+    recorded."""
+    from deep_nmt_tf.training import health
+
+    monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spikes.json").write_text('{"spikes": [{"step": 3', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"spikes\.json: not a record of gradient-norm spikes"):
+        read_spikes(str(run))
+    config = tiny_config(NO_DROPOUT, train_steps=8, checkpoint_every=5)
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        Runner(config, str(run), trainer=_trainer_with_bad_batches(7)).run()
+    assert "set aside as" in _messages(caplog)
+    assert (run / "spikes.json.unreadable").read_text(encoding="utf-8") == \
+        '{"spikes": [{"step": 3'
+    assert [s["step"] for s in read_spikes(str(run))] == [7]
 
 
 def test_a_rollback_to_a_checkpoint_without_the_clippers_state(tmp_path, monkeypatch, caplog):

@@ -364,7 +364,8 @@ class CheckpointStore:
         if is_keras_weights(checkpoint):
             files = [checkpoint]
         else:
-            from deep_nmt_tf.checkpointing import _write_state as write_state, checkpoint_files
+            from deep_nmt_tf.checkpointing import checkpoint_files
+            from deep_nmt_tf.checkpointing import write_checkpoint_state as write_state
 
             files = checkpoint_files(checkpoint)
         for name in sorted(os.listdir(source)):

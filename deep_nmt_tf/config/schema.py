@@ -309,7 +309,8 @@ class TrainingConfig:
                                      "(0: never; else > 1), and keep the newest checkpoint "
                                      "before it as a resumable run directory "
                                      "MODEL_DIR/kept/before_spike_<step> (unless "
-                                     "training.spike_rollbacks rolls back).", min=0.0,
+                                     "training.spike_rollbacks rolls back); each spike is "
+                                     "recorded in MODEL_DIR/spikes.json.", min=0.0,
                                      affects_results=False)
     spike_rollbacks: int = field(0, "At a gradient-norm spike (training.grad_spike_factor), "
                                  "go back to the newest checkpoint before it and skip the "

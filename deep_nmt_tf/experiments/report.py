@@ -12,8 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from deep_nmt_tf.experiments.state import AVERAGED_DIRNAME, write_json
 from deep_nmt_tf.experiments.suite import REPORT_KEYS, PlannedRun, Suite
+from deep_nmt_tf.run_dir import checkpoint_step
 
-__all__ = ["markdown", "seed_table", "comparison_table", "dev_test_text", "figures",
+__all__ = ["markdown", "spikes_text", "seed_table", "comparison_table", "dev_test_text", "figures",
            "write_results"]
 
 _METRIC_NAMES = {"bleu_lc": "BLEU lc", "bleu": "BLEU", "chrf": "chrF",
@@ -102,6 +103,24 @@ def dev_test_text(dev_test: Dict[str, Dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spikes_text(spikes: Sequence[Dict]) -> str:
+    """What a run's spikes were and what was done, e.g. ``"update 6,700 (|g| 28.4, 25x the
+    median): rolled back to 6,600, 100 micro-batch(es) skipped"``."""
+    parts = []
+    for s in spikes:
+        if s.get("action") == "rolled_back":
+            what = (f"rolled back to {s['to_step']:,}, {s['skipped_micro_batches']:,} "
+                    "micro-batch(es) skipped")
+        elif s.get("action") == "kept":
+            what = f"kept the checkpoint of update {checkpoint_step(s['checkpoint']):,}"
+        else:
+            what = "nothing done (no checkpoint kept)"
+        size = (f" (|g| {s['grad_norm']:.4g}, {s['grad_norm'] / max(s['median'], 1e-30):.3g}x "
+                "the median)" if "grad_norm" in s and "median" in s else "")
+        parts.append(f"update {s['step']:,}{size}: {what}")
+    return ", ".join(parts)
+
+
 def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
     """``results.md``: the runs' table, then the systems' and the comparisons' tables when
     results.json has them."""
@@ -143,6 +162,11 @@ def markdown(results: Dict[str, Dict], tests: Sequence[str]) -> str:
             machines.setdefault(r["training"]["hardware"], []).append(name)
     if machines:  # wall times are comparable only between runs on the same machine
         lines += [""] + [f"Trained on {hw}: {', '.join(names)}." for hw, names in machines.items()]
+    spiky = [f"{name}: {spikes_text(r['training']['spikes'])}" for name, r in results.items()
+             if r["training"].get("spikes")]
+    if spiky:
+        lines += ["", "Gradient-norm spikes met in training (training.grad_spike_factor; "
+                      "the run directory's spikes.json): " + "; ".join(spiky) + "."]
     archives: Dict[str, List[str]] = {}
     for name, r in results.items():
         if "archive" in r:

@@ -137,6 +137,7 @@ def _train(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable
     training.update(seed=run.seed, parameters=int(trainer.model.count_params()),
                     config=os.path.abspath(run.config), precision=config.training.precision)
     budget = max_train_minutes * 60.0 if max_train_minutes else None
+    _record_spikes(training, run_dir)
     if done >= target or (budget is not None and training["seconds"] >= budget):
         training["updates"] = done
         if done < target:  # Stopped by the clock, now or in an earlier invocation.
@@ -165,10 +166,23 @@ def _train(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable
             state.save()
 
     runner.run(hooks=[account])
+    _record_spikes(training, run_dir)  # (After a crash: at the next invocation's start.)
     if runner.stopped:  # the budget: the runner wrote a checkpoint at the update reached
         log(f"{run.name}: {max_train_minutes:g} minutes of training reached at update "
             f"{training['updates']}: stopped there ({runner.checkpoint_here()})")
     state.save()
+
+
+def _record_spikes(training: Dict, run_dir: str) -> None:
+    """The training record's ``spikes``: the run directory's gradient-norm spikes
+    (:func:`~deep_nmt_tf.training.spikes.read_spikes`), absent when it met none."""
+    from deep_nmt_tf.training.spikes import read_spikes
+
+    spikes = read_spikes(run_dir)
+    if spikes:
+        training["spikes"] = spikes
+    else:
+        training.pop("spikes", None)
 
 
 def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Callable,

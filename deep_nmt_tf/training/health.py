@@ -159,6 +159,8 @@ class HealthMonitor:
         self._norms: "collections.deque[Tuple[int, float]]" = collections.deque(
             maxlen=SPIKE_HISTORY)
         self._next_spike_warning = 0
+        #: The last spike: ``{"step", "grad_norm", "median", "history"}`` (None before one).
+        self.last_spike: Optional[Dict[str, float]] = None
         self.streak = 0
         self.streak_start = 0
         self.last_checkpoint: Tuple[int, Optional[str]] = (0, None)
@@ -202,6 +204,8 @@ class HealthMonitor:
             if norm > self.grad_spike_factor * typical and step >= self._next_spike_warning:
                 spike = True
                 self._next_spike_warning = step + SPIKE_HISTORY
+                self.last_spike = {"step": step, "grad_norm": float(norm),
+                                   "median": float(typical), "history": len(self._norms)}
                 logging.warning(
                     "step %d: gradient-norm spike: %.4g is %.3gx the median of the last %d "
                     "updates (%.4g; training.grad_spike_factor=%g). A spike can start a "

@@ -17,22 +17,77 @@ gradient norm is over ``training.grad_spike_factor`` times the median of the las
   rotation's reach as the resumable run directory ``MODEL_DIR/kept/before_spike_<step>``
   (:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.keep`; hard links, else copies) and training
   goes on; the log says how to go on from it should the run collapse.
+
+Either way the spike is recorded in ``MODEL_DIR/spikes.json`` (:func:`read_spikes`; the chief
+writes it, replacing it by a rename so that the hard links of kept copies never change): the
+update, its gradient norm, the median it was measured against, and what was done. The record
+outlives rollbacks and resumes (it is the run's history, undone updates included), and
+``deep-nmt-experiment`` reports it beside each run's scores.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 from absl import logging
 
 from deep_nmt_tf.checkpointing import object_names
-from deep_nmt_tf.run_dir import CONFIG_FILENAME, KEPT_DIRNAME, TRAIN_LOGS, RunDirError
+from deep_nmt_tf.run_dir import (CONFIG_FILENAME, KEPT_DIRNAME, TRAIN_LOGS, UNREADABLE_SUFFIX,
+                                 RunDirError)
 from deep_nmt_tf.training import metrics
 from deep_nmt_tf.training.gradient_transforms import new_transform_items
 
-__all__ = ["SpikeResponse"]
+__all__ = ["SpikeResponse", "SPIKES_FILENAME", "read_spikes"]
+
+#: The run directory's record of its gradient-norm spikes.
+SPIKES_FILENAME = "spikes.json"
+
+
+def read_spikes(model_dir: str) -> List[Dict]:
+    """The spikes recorded in ``MODEL_DIR/spikes.json``, oldest first (none: ``[]``).  Each is
+    ``{"step", "grad_norm", "median", "history", "action"}``, ``action`` one of
+    ``"rolled_back"`` (with ``"to_step"``, ``"checkpoint"``, ``"skipped_micro_batches"``),
+    ``"kept"`` (with ``"checkpoint"``, ``"kept_as"``) or ``"none"`` (no checkpoint was written
+    before it, or it could not be kept).
+
+    Raises:
+      ValueError: the file is not such a record (naming it).
+    """
+    path = os.path.join(model_dir, SPIKES_FILENAME)
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path, "r") as f:
+        try:
+            data = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path}: not a record of gradient-norm spikes ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("spikes"), list):
+        raise ValueError(f"{path}: not a record of gradient-norm spikes (no 'spikes' list)")
+    return data["spikes"]
+
+
+def _record_spike(model_dir: str, record: Dict) -> None:
+    """Adds ``record`` to ``MODEL_DIR/spikes.json`` (a new file replaces the old by a rename;
+    an unreadable one is set aside, never overwritten)."""
+    path = os.path.join(model_dir, SPIKES_FILENAME)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        try:
+            spikes = read_spikes(model_dir)
+        except ValueError as e:
+            logging.warning("%s; set aside as %s, and a new record started", e,
+                            path + UNREADABLE_SUFFIX)
+            tf.io.gfile.rename(path, path + UNREADABLE_SUFFIX, overwrite=True)
+            spikes = []
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write(json.dumps({"spikes": spikes + [record]}, indent=1) + "\n")
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    except (OSError, tf.errors.OpError) as e:  # (The log has it; training goes on.)
+        logging.warning("Could not record the spike at step %s in %s (%s)", record["step"],
+                        path, e)
 
 
 class SpikeResponse:
@@ -52,18 +107,21 @@ class SpikeResponse:
         self.done = 0
 
     def __call__(self, step: int) -> Optional[int]:
-        """Responds to the spike of update ``step``; returns the step training goes on from
-        after a rollback, or None (training goes on from ``step``)."""
+        """Responds to the spike of update ``step`` and records it (:func:`read_spikes`);
+        returns the step training goes on from after a rollback, or None (training goes on
+        from ``step``)."""
+        record = dict(self.runner.health.last_spike or {}, step=step, action="none")
+        back = None
         if self.done < self.allowed:
-            back = self.roll_back(step)
-            if back is not None:
-                return back
+            back = self.roll_back(step, record)
         elif self.allowed:
             logging.warning("training.spike_rollbacks=%d: every rollback is used; keeping the "
                             "checkpoint before the spike instead", self.allowed)
+        if back is None and self.runner.is_chief:
+            self.keep(step, record)
         if self.runner.is_chief:
-            self.keep(step)
-        return None
+            _record_spike(self.runner.run_dir.path, record)
+        return back
 
     def _checkpoint_before(self, step: int, otherwise: str):
         """``(step, path)`` of the newest checkpoint before the spike at ``step`` (path None,
@@ -74,9 +132,10 @@ class SpikeResponse:
                             otherwise)
         return saved_step, saved
 
-    def roll_back(self, step: int) -> Optional[int]:
+    def roll_back(self, step: int, record: Optional[Dict] = None) -> Optional[int]:
         """Restores the newest checkpoint before the spike at ``step`` except the data iterator
-        (the batches since then are skipped); returns its step, or None when there is none."""
+        (the batches since then are skipped); returns its step, or None when there is none.
+        ``record`` (the spike's record) gets what was done."""
         runner = self.runner
         trainer = runner.trainer
         saved_step, saved = self._checkpoint_before(step, "cannot roll back")
@@ -101,12 +160,16 @@ class SpikeResponse:
             "on from step %d, and the %d micro-batch(es) read since that checkpoint are skipped "
             "(rollback %d of training.spike_rollbacks=%d)", saved, saved_step, step, saved_step,
             skipped, self.done, self.allowed)
+        if record is not None:
+            record.update(action="rolled_back", to_step=saved_step, checkpoint=saved,
+                          skipped_micro_batches=skipped)
         return saved_step
 
-    def keep(self, step: int) -> Optional[str]:
+    def keep(self, step: int, record: Optional[Dict] = None) -> Optional[str]:
         """Keeps the newest checkpoint written before the update of ``step`` as the resumable
         run directory ``MODEL_DIR/kept/before_spike_<step>``, out of the rotation's reach;
-        returns its checkpoint (None: none was written yet, or it could not be kept)."""
+        returns its checkpoint (None: none was written yet, or it could not be kept).
+        ``record`` (the spike's record) gets what was done."""
         runner = self.runner
         saved_step, saved = self._checkpoint_before(step, "nothing to keep")
         if not saved:
@@ -125,4 +188,6 @@ class SpikeResponse:
             "--override=training.adaptive_clipping.enabled=true (or set "
             "training.spike_rollbacks to roll back by itself)", saved, saved_step, kept,
             os.path.join(destination, CONFIG_FILENAME), destination)
+        if record is not None:
+            record.update(action="kept", checkpoint=saved, kept_as=destination)
         return kept
