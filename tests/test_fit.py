@@ -239,3 +239,49 @@ def test_fit_on_jax_then_translate_on_tensorflow_gives_the_same_output(tmp_path)
                                      "--beam_size=1", "--precision=float32"]))
     assert output.read_text(encoding="utf-8").splitlines() == result["hyps"]
     assert any(h.strip() for h in result["hyps"])
+
+
+# -- divergence: nothing non-finite is saved --------------------------------------------------
+
+def test_a_fit_run_that_diverges_stops_without_saving_and_names_the_last_good_checkpoint(
+        tmp_path, caplog):
+    """Weights poisoned with NaN after update 5 (a non-finite update would do the same: fit
+    applies it): the run stops at the next log step, 6, without writing ckpt-6 (nor the end's),
+    so the rotation (2 kept) keeps ckpt-2 and ckpt-4; FitDiverged names ckpt-4, which a rerun
+    with finite weights resumes from."""
+    import logging as std_logging
+
+    from deep_nmt_tf.config import config_from_dict
+    from deep_nmt_tf.data.preprocess import preprocess_run
+    from deep_nmt_tf.fit.callbacks import FitDiverged
+    from deep_nmt_tf.fit.run import train
+    from test_decoding_helpers import TINY
+
+    run = str(tmp_path / "run")
+    model = dict(TINY["model"], decoder=TINY["model"]["encoder"])
+    tree = dict(TINY, model=model, training=dict(TINY["training"], train_steps=10, log_every=2,
+                                                 checkpoint_every=2, keep_checkpoints=2))
+    preprocess_run(config_from_dict(tree, source="<fit run>"), run)
+    updates = []
+
+    def poison(batch, logs):
+        updates.append(batch)
+        if len(updates) == 5:
+            weights = cb.model.trainable_weights[0]
+            weights.assign(keras.ops.full(weights.shape, float("nan")))
+
+    cb = keras.callbacks.LambdaCallback(on_train_batch_end=poison)
+    with caplog.at_level(std_logging.ERROR, logger="absl"):
+        with pytest.raises(FitDiverged) as raised:
+            train(run, callbacks=[cb])
+    assert len(updates) == 6  # stopped at the log step after the poisoned update
+    message = str(raised.value)
+    assert message.startswith("training stopped at update 6: the model's weights are not "
+                              "finite.")
+    assert f"the last good checkpoint is {os.path.join(run, 'ckpt-4.weights.h5')}" in message
+    assert sorted(n for n in os.listdir(run) if n.endswith(".weights.h5")) == [
+        "ckpt-2.weights.h5", "ckpt-4.weights.h5"]
+    assert "Update 6: the model's weights are not finite; stopping without saving" in \
+        caplog.text
+    assert train(run, overrides=["training.train_steps=6"])["loss"] > 0  # resumes from ckpt-4
+    assert os.path.exists(os.path.join(run, "ckpt-6.weights.h5"))

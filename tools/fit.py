@@ -23,7 +23,9 @@ refused, naming it (:mod:`deep_nmt_tf.run_lock`).
 Exit status: 0 on success, 2 for an invalid config or data, a config too large for the memory,
 a run directory in use, checkpoints none of which can be read (a damaged newer one is skipped
 with a WARNING and kept, renamed ``*.unreadable``), or a full disk (the partial file removed;
-the message names the free space and the last intact checkpoint, which a rerun resumes from).
+the message names the free space and the last intact checkpoint, which a rerun resumes from);
+1 when training met a non-finite loss or weights (fit applies every update: nothing is saved
+after it, and the message names the last good checkpoint).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def _fit() -> None:
     from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointError, CheckpointStore
     from deep_nmt_tf.config import ConfigError, require_training_data
     from deep_nmt_tf.data.text_io import DataError
+    from deep_nmt_tf.fit.callbacks import FitDiverged
 
     try:
         config = None
@@ -101,6 +104,9 @@ def _fit() -> None:
             results = train(FLAGS.model_dir, FLAGS.override)
     except (ConfigError, DataError, FileNotFoundError, CheckpointError, sizing.SizeError) as e:
         _fail(str(e))
+    except FitDiverged as e:
+        print(f"fit: {e}", file=sys.stderr)
+        sys.exit(1)
     if results:
         print("Done: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
 

@@ -13,6 +13,13 @@
   when there was one; tokens and time are counted in a :class:`deep_nmt_tf.progress.LogWindow`
   and the line is :meth:`~deep_nmt_tf.progress.Progress.log_line`, as in the custom loop.
 
+``fit`` applies every update, so one non-finite loss makes the weights non-finite for good
+(the custom loop skips such updates instead).  :class:`RunDirCheckpoint` therefore saves only
+finite weights: at a non-finite epoch loss (every ``training.log_every`` updates) or
+non-finite weights at a save, it stops the run and writes nothing more, so the rotation never
+deletes the last good checkpoint, and :func:`deep_nmt_tf.fit.run.train` raises
+:class:`FitDiverged` naming it.
+
 Both count updates themselves (``batches // gradient_accumulation_steps``) and touch
 ``self.model`` only when they save or read the learning rate: on JAX, reading the model's
 variables during ``fit`` copies the training state back into them.
@@ -20,7 +27,8 @@ variables during ``fit`` copies the training state back into them.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import math
+from typing import Dict, Optional, Tuple
 
 import keras
 from absl import logging
@@ -30,7 +38,12 @@ from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.progress import LogWindow, Progress
 from deep_nmt_tf.task import per_token_metrics
 
-__all__ = ["RunDirCheckpoint", "ProgressLogger"]
+__all__ = ["RunDirCheckpoint", "ProgressLogger", "FitDiverged"]
+
+
+class FitDiverged(RuntimeError):
+    """A ``fit`` run met a non-finite loss or non-finite weights and stopped (the message names
+    the last good checkpoint)."""
 
 
 class _UpdateCounter(keras.callbacks.Callback):
@@ -70,11 +83,18 @@ class RunDirCheckpoint(_UpdateCounter):
         self.every = max(1, int(every))
         self.keep = max(1, int(keep))
         self.last_saved: Optional[int] = None
+        #: ``(update, why)`` once the run met a non-finite loss or weights (module docstring).
+        self.diverged: Optional[Tuple[int, str]] = None
 
     def save(self) -> Optional[str]:
-        """Writes the checkpoint of the current update count (once per count)."""
+        """Writes the checkpoint of the current update count (once per count), unless the run
+        diverged or the weights are not finite (then it stops the run)."""
         step = self.updates
-        if step == self.last_saved or step == 0:
+        if step == self.last_saved or step == 0 or self.diverged:
+            return None
+        if not all(bool(ops.convert_to_numpy(ops.all(ops.isfinite(v))))
+                   for v in self.model.trainable_weights):
+            self._diverge(step, "the model's weights are not finite")
             return None
         path = self.store.save(self.model, step, self.keep)
         self.last_saved = step
@@ -86,8 +106,31 @@ class RunDirCheckpoint(_UpdateCounter):
         if self._batches % self.accumulation == 0 and self.updates % self.every == 0:
             self.save()
 
+    def on_epoch_end(self, epoch, logs=None):
+        loss = _float((logs or {}).get("loss"))
+        if loss is not None and not math.isfinite(loss) and not self.diverged:
+            self._diverge(self.updates, f"the mean training loss of the last log window is "
+                                        f"{loss}")
+
     def on_train_end(self, logs=None):
         self.save()
+
+    def _diverge(self, step: int, why: str) -> None:
+        self.diverged = (step, why)
+        self.model.stop_training = True
+        logging.error("Update %d: %s; stopping without saving", step, why)
+
+    def diverged_message(self) -> str:
+        """What :class:`FitDiverged` says: where, why, the last good checkpoint, what to do."""
+        step, why = self.diverged
+        latest = self.store.latest()
+        last = (f"the last good checkpoint is {latest}, which a rerun resumes from" if latest
+                else "no checkpoint was written before it (a rerun starts again)")
+        return (f"training stopped at update {step}: {why}. fit applies every update, so the "
+                f"weights are no longer finite; nothing was saved after it, and {last}. Lower "
+                "the learning rate (training.schedule), set training.clip_norm, or train with "
+                "deep-nmt-train, whose loop skips non-finite updates "
+                "(training.max_consecutive_skipped).")
 
 
 def _float(value) -> Optional[float]:

@@ -30,7 +30,10 @@ The run:
    ``training.eval_every`` updates (rounded to whole epochs; :class:`~deep_nmt_tf.data.
    batching.EvalBatches` of ``data/dev.npz``); checkpoints every ``training.checkpoint_every``
    updates (:class:`~deep_nmt_tf.fit.callbacks.RunDirCheckpoint`).  Dev BLEU is not computed
-   during fit (``deep-nmt-evaluate`` scores the checkpoints).
+   during fit (``deep-nmt-evaluate`` scores the checkpoints);
+5. a non-finite loss (at a log step) or non-finite weights (at a checkpoint) stop the run with
+   nothing saved after it: :class:`~deep_nmt_tf.fit.callbacks.FitDiverged` names the last good
+   checkpoint.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointStore
 from deep_nmt_tf.data.batching import EvalBatches, TokenBatches
 from deep_nmt_tf.data.token_ids import TokenIds
 from deep_nmt_tf.fit import compiling
-from deep_nmt_tf.fit.callbacks import ProgressLogger, RunDirCheckpoint
+from deep_nmt_tf.fit.callbacks import FitDiverged, ProgressLogger, RunDirCheckpoint
 from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["restore_resume_point", "train"]
@@ -94,6 +97,8 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
       ConfigError: a changed model, or a key fit cannot honour.
       CheckpointError: checkpoints, none readable.
       DataError: no ``data/train.npz``, or one tokenised with another vocabulary.
+      FitDiverged: a non-finite loss or weights (nothing saved after it; the message names
+        the last good checkpoint).
     """
     run_dir = RunDir(model_dir)
     config = run_dir.load_config(overrides)
@@ -136,4 +141,6 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     model.fit(batches, epochs=epochs, initial_epoch=first_epoch, shuffle=False, verbose=0,
               validation_data=validation, validation_freq=validation_freq,
               callbacks=[logger, saver, *callbacks])
+    if saver.diverged:
+        raise FitDiverged(saver.diverged_message())
     return dict(logger.history)
