@@ -251,17 +251,11 @@ def test_a_fit_run_that_diverges_stops_without_saving_and_names_the_last_good_ch
     with finite weights resumes from."""
     import logging as std_logging
 
-    from deep_nmt_tf.config import config_from_dict
-    from deep_nmt_tf.data.preprocess import preprocess_run
     from deep_nmt_tf.fit.callbacks import FitDiverged
     from deep_nmt_tf.fit.run import train
-    from test_decoding_helpers import TINY
 
-    run = str(tmp_path / "run")
-    model = dict(TINY["model"], decoder=TINY["model"]["encoder"])
-    tree = dict(TINY, model=model, training=dict(TINY["training"], train_steps=10, log_every=2,
-                                                 checkpoint_every=2, keep_checkpoints=2))
-    preprocess_run(config_from_dict(tree, source="<fit run>"), run)
+    run = _prepared_fit_run(tmp_path, train_steps=10, log_every=2, checkpoint_every=2,
+                            keep_checkpoints=2)
     updates = []
 
     def poison(batch, logs):
@@ -285,3 +279,57 @@ def test_a_fit_run_that_diverges_stops_without_saving_and_names_the_last_good_ch
         caplog.text
     assert train(run, overrides=["training.train_steps=6"])["loss"] > 0  # resumes from ckpt-4
     assert os.path.exists(os.path.join(run, "ckpt-6.weights.h5"))
+
+
+# -- SIGTERM and Ctrl-C: a checkpoint at the update reached -----------------------------------
+
+def _prepared_fit_run(tmp_path, **training):
+    """A tiny run directory prepared for fit (deep-nmt-preprocess's token ids)."""
+    from deep_nmt_tf.config import config_from_dict
+    from deep_nmt_tf.data.preprocess import preprocess_run
+    from test_decoding_helpers import TINY
+
+    run = str(tmp_path / "run")
+    model = dict(TINY["model"], decoder=TINY["model"]["encoder"])
+    tree = dict(TINY, model=model, training=dict(TINY["training"], **training))
+    preprocess_run(config_from_dict(tree, source="<fit run>"), run)
+    return run
+
+
+@pytest.mark.parametrize("sig,every", [("SIGTERM", 100), ("SIGINT", 4)],
+                         ids=["SIGTERM", "SIGINT at a checkpoint step"])
+def test_a_signal_stops_fit_after_the_update_with_a_checkpoint(tmp_path, sig, every):
+    """The signal, sent after update 3's callbacks (the run's own first), is seen at the end of
+    update 4, the update in progress: the run saves ckpt-4 there (once, also where a periodic
+    checkpoint falls) and stops; a rerun resumes from it."""
+    import signal
+
+    from deep_nmt_tf.fit.run import train
+    from deep_nmt_tf.signals import TrainingInterrupted
+
+    number = getattr(signal, sig)
+    previous = signal.getsignal(number)
+    if previous == signal.SIG_IGN:  # (pytest as a background job: SIGINT ignored, left alone)
+        signal.signal(number, signal.default_int_handler)
+    try:
+        run = _prepared_fit_run(tmp_path, train_steps=20, log_every=2, checkpoint_every=every)
+        batches = []
+
+        def send(batch, logs):
+            batches.append(batch)
+            if len(batches) == 3:
+                os.kill(os.getpid(), number)
+
+        with pytest.raises(TrainingInterrupted) as stopped:
+            train(run, callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=send)])
+        saved = os.path.join(run, "ckpt-4.weights.h5")
+        assert str(stopped.value) == (f"interrupted by {sig} at step 4; saved {saved}. Run the "
+                                      "same command again to resume from it.")
+        assert len(batches) == 4 and os.path.exists(saved)
+        assert signal.getsignal(number) in (signal.SIG_DFL, signal.default_int_handler,
+                                            previous)  # restored
+        assert train(run, overrides=["training.train_steps=5"])["loss"] > 0  # resumes at 4
+        assert sorted(n for n in os.listdir(run) if n.endswith(".weights.h5")) == [
+            "ckpt-4.weights.h5", "ckpt-5.weights.h5"]
+    finally:
+        signal.signal(number, previous)

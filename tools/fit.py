@@ -25,7 +25,8 @@ a run directory in use, checkpoints none of which can be read (a damaged newer o
 with a WARNING and kept, renamed ``*.unreadable``), or a full disk (the partial file removed;
 the message names the free space and the last intact checkpoint, which a rerun resumes from);
 1 when training met a non-finite loss or weights (fit applies every update: nothing is saved
-after it, and the message names the last good checkpoint).
+after it, and the message names the last good checkpoint); 143 (SIGTERM) or 130 (Ctrl-C) after
+saving a checkpoint at the update reached, with the command that resumes.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def _fit() -> None:
     from deep_nmt_tf.config import ConfigError, require_training_data
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.fit.callbacks import FitDiverged
+    from deep_nmt_tf.signals import TrainingInterrupted
 
     try:
         config = None
@@ -105,8 +107,10 @@ def _fit() -> None:
     except (ConfigError, DataError, FileNotFoundError, CheckpointError, sizing.SizeError) as e:
         _fail(str(e))
     except FitDiverged as e:
-        print(f"fit: {e}", file=sys.stderr)
+        print(f"fit: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except TrainingInterrupted as e:  # SIGTERM / Ctrl-C: a checkpoint was saved
+        cli.exit_interrupted("fit", e)
     if results:
         print("Done: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
 

@@ -20,6 +20,10 @@ non-finite weights at a save, it stops the run and writes nothing more, so the r
 deletes the last good checkpoint, and :func:`deep_nmt_tf.fit.run.train` raises
 :class:`FitDiverged` naming it.
 
+SIGTERM and Ctrl-C (:class:`~deep_nmt_tf.signals.StopSignals`, as in the custom loop) stop
+the run at the end of the current update with a checkpoint there, and
+:func:`~deep_nmt_tf.fit.run.train` raises :class:`~deep_nmt_tf.signals.TrainingInterrupted`.
+
 Both count updates themselves (``batches // gradient_accumulation_steps``) and touch
 ``self.model`` only when they save or read the learning rate: on JAX, reading the model's
 variables during ``fit`` copies the training state back into them.
@@ -36,6 +40,7 @@ from keras import ops
 
 from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.progress import LogWindow, Progress
+from deep_nmt_tf.signals import StopSignals
 from deep_nmt_tf.task import per_token_metrics
 
 __all__ = ["RunDirCheckpoint", "ProgressLogger", "FitDiverged"]
@@ -74,11 +79,16 @@ class RunDirCheckpoint(_UpdateCounter):
         of the run are deleted.
       start_update: updates applied before this ``fit`` call (a resumed run).
       accumulation: micro-batches per update (``training.gradient_accumulation_steps``).
+      signals: the run's :class:`~deep_nmt_tf.signals.StopSignals`: after a requested stop,
+        the next update's end saves a checkpoint and stops the run (:attr:`interrupted`).
     """
 
     def __init__(self, run_dir, every: int, keep: int, start_update: int = 0,
-                 accumulation: int = 1):
+                 accumulation: int = 1, signals: Optional[StopSignals] = None):
         super().__init__(start_update, accumulation)
+        self.signals = signals
+        #: ``(signal name, update, checkpoint)`` once a signal stopped the run.
+        self.interrupted: Optional[Tuple[str, int, Optional[str]]] = None
         self.store = CheckpointStore(run_dir)
         self.every = max(1, int(every))
         self.keep = max(1, int(keep))
@@ -103,7 +113,14 @@ class RunDirCheckpoint(_UpdateCounter):
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, logs)
-        if self._batches % self.accumulation == 0 and self.updates % self.every == 0:
+        if self._batches % self.accumulation:
+            return  # (In the middle of an update.)
+        if self.signals is not None and self.signals.requested and not self.interrupted:
+            path = self.save() or (self.store.latest() if self.last_saved == self.updates
+                                   else None)
+            self.interrupted = (self.signals.received, self.updates, path)
+            self.model.stop_training = True
+        elif self.updates % self.every == 0:
             self.save()
 
     def on_epoch_end(self, epoch, logs=None):

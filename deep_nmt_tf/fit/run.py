@@ -33,14 +33,15 @@ The run:
    during fit (``deep-nmt-evaluate`` scores the checkpoints);
 5. a non-finite loss (at a log step) or non-finite weights (at a checkpoint) stop the run with
    nothing saved after it: :class:`~deep_nmt_tf.fit.callbacks.FitDiverged` names the last good
-   checkpoint.
+   checkpoint; SIGTERM or Ctrl-C stop it at the end of the update with a checkpoint there
+   (:class:`~deep_nmt_tf.signals.TrainingInterrupted`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import keras
 from absl import logging
@@ -51,6 +52,7 @@ from deep_nmt_tf.data.token_ids import TokenIds
 from deep_nmt_tf.fit import compiling
 from deep_nmt_tf.fit.callbacks import FitDiverged, ProgressLogger, RunDirCheckpoint
 from deep_nmt_tf.run_dir import RunDir
+from deep_nmt_tf.signals import StopSignals, TrainingInterrupted
 
 __all__ = ["restore_resume_point", "train"]
 
@@ -99,6 +101,7 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
       DataError: no ``data/train.npz``, or one tokenised with another vocabulary.
       FitDiverged: a non-finite loss or weights (nothing saved after it; the message names
         the last good checkpoint).
+      TrainingInterrupted: SIGTERM or Ctrl-C (a checkpoint saved at the update reached).
     """
     run_dir = RunDir(model_dir)
     config = run_dir.load_config(overrides)
@@ -138,9 +141,13 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     saver = RunDirCheckpoint(run_dir, t.checkpoint_every, t.keep_checkpoints, start, k)
     first_epoch = start // per_epoch
     epochs = first_epoch + math.ceil((t.train_steps - start) / per_epoch)
-    model.fit(batches, epochs=epochs, initial_epoch=first_epoch, shuffle=False, verbose=0,
-              validation_data=validation, validation_freq=validation_freq,
-              callbacks=[logger, saver, *callbacks])
+    with StopSignals() as signals:
+        saver.signals = signals
+        model.fit(batches, epochs=epochs, initial_epoch=first_epoch, shuffle=False, verbose=0,
+                  validation_data=validation, validation_freq=validation_freq,
+                  callbacks=[logger, saver, *callbacks])
     if saver.diverged:
         raise FitDiverged(saver.diverged_message())
+    if saver.interrupted:
+        raise TrainingInterrupted(*saver.interrupted)
     return dict(logger.history)
