@@ -305,7 +305,7 @@ def test_a_signal_stops_fit_after_the_update_with_a_checkpoint(tmp_path, sig, ev
     import signal
 
     from deep_nmt_tf.fit.run import train
-    from deep_nmt_tf.signals import TrainingInterrupted
+    from deep_nmt_tf.health import TrainingInterrupted
 
     number = getattr(signal, sig)
     previous = signal.getsignal(number)
@@ -333,3 +333,23 @@ def test_a_signal_stops_fit_after_the_update_with_a_checkpoint(tmp_path, sig, ev
             "ckpt-4.weights.h5", "ckpt-5.weights.h5"]
     finally:
         signal.signal(number, previous)
+
+
+def test_fit_warns_when_the_loss_explodes_as_the_custom_loop_does(caplog):
+    """training.loss_explosion_factor: the log line whose loss is 10x the lowest so far gets
+    the custom loop's WARNING (HealthMonitor), once per further factor."""
+    import logging as std_logging
+    import types
+
+    from deep_nmt_tf.fit.callbacks import ProgressLogger
+
+    logger = ProgressLogger(100, loss_explosion_factor=10.0, stream=open(os.devnull, "w"))
+    logger.set_model(types.SimpleNamespace(optimizer=types.SimpleNamespace(learning_rate=1e-3)))
+    with caplog.at_level(std_logging.WARNING, logger="absl"):
+        for epoch, loss in enumerate([4.0, 2.0, 9.0, 25.0, 30.0]):
+            logger._batches = 10 * (epoch + 1)
+            logger.on_epoch_end(epoch, {"loss": loss})
+    warnings = [r.getMessage() for r in caplog.records if "the loss is exploding" in
+                r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "step 40: the loss is exploding: 25 is 12.5x the lowest so far (2 at step 20")

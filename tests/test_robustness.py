@@ -31,7 +31,7 @@ from deep_nmt_tf.config import ConfigError, config_from_dict, load_config
 from deep_nmt_tf.data.text_io import DataError
 from deep_nmt_tf.run_dir import RunDir, RunDirError
 from deep_nmt_tf.training import Runner, TrainingDiverged
-from deep_nmt_tf.training.health import HealthMonitor
+from deep_nmt_tf.health import HealthMonitor
 from deep_nmt_tf.training.spikes import read_spikes
 from config_trees import constant
 from test_decoding_helpers import TINY, trained_run
@@ -374,7 +374,7 @@ SPIKE_CASES = [
                          ids=[c[0] for c in SPIKE_CASES])
 def test_gradient_norm_spike_warning(monkeypatch, caplog, case, norms, skipped, factor,
                                      warn_steps):
-    from deep_nmt_tf.training import health
+    from deep_nmt_tf import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
     monkeypatch.setattr(health, "SPIKE_HISTORY", 8)
@@ -412,7 +412,7 @@ def test_a_gradient_norm_spike_keeps_the_checkpoint_before_it_resumable(tmp_path
     """The spike at update 7 keeps ckpt-5 (checkpoints every 5, 3 kept: the rotation deletes
     ckpt-5 by update 20) as ``kept/before_spike_7``, which a run resumes from."""
     from deep_nmt_tf.cli import load_config_file
-    from deep_nmt_tf.training import health
+    from deep_nmt_tf import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
     cls = _trainer_with_bad_batches(7)
@@ -449,7 +449,7 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
     """training.spike_rollbacks=1: bad micro-batches 7 and 14 (1000x gradient norm; checkpoints
     every 5).  The first spike (update 7) rolls back to ckpt-5 and skips batches 6-7; the second
     (update 12, batch 14) finds the rollback used and keeps ckpt-10 instead."""
-    from deep_nmt_tf.training import health
+    from deep_nmt_tf import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
     cls = _trainer_with_bad_batches(7, 14)
@@ -498,7 +498,7 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
 def test_an_unreadable_spike_record_is_set_aside_not_overwritten(tmp_path, monkeypatch, caplog):
     """A damaged ``spikes.json`` is named when read, and set aside (kept) when the next spike is
     recorded."""
-    from deep_nmt_tf.training import health
+    from deep_nmt_tf import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
     run = tmp_path / "run"
@@ -519,7 +519,7 @@ def test_a_rollback_to_a_checkpoint_without_the_clippers_state(tmp_path, monkeyp
     """Adaptive clipping turned on at a resume from ckpt-5 (which has no clipper state), then a
     spike before the next checkpoint: the rollback restores ckpt-5 and the clipper keeps its own
     state (it used to fail: the checkpoint has no object for it)."""
-    from deep_nmt_tf.training import health
+    from deep_nmt_tf import health
 
     monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 2)
     run = tmp_path / "run"

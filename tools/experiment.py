@@ -167,7 +167,7 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
     from deep_nmt_tf.run_lock import RunLockError
     from deep_nmt_tf.fit.callbacks import FitDiverged
-    from deep_nmt_tf.signals import TrainingInterrupted
+    from deep_nmt_tf.health import TrainingInterrupted
     try:
         from deep_nmt_tf.training import TrainingDiverged, WorkerLost
     except ImportError:  # no TensorFlow (--route=fit on a machine with only JAX)

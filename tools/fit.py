@@ -80,7 +80,7 @@ def _fit() -> None:
     from deep_nmt_tf.config import ConfigError, require_training_data
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.fit.callbacks import FitDiverged
-    from deep_nmt_tf.signals import TrainingInterrupted
+    from deep_nmt_tf.health import TrainingInterrupted
 
     try:
         config = None

@@ -11,7 +11,9 @@
   Progress`: step, loss, tokens/s, ETA) and a plain line per ``fit`` epoch (the run's
   ``training.log_every`` updates): loss, tokens/s, learning rate, ETA and the validation loss
   when there was one; tokens and time are counted in a :class:`deep_nmt_tf.progress.LogWindow`
-  and the line is :meth:`~deep_nmt_tf.progress.Progress.log_line`, as in the custom loop.
+  and the line is :meth:`~deep_nmt_tf.progress.Progress.log_line`, as in the custom loop;
+  so is the WARNING when a line's loss is ``training.loss_explosion_factor`` times the lowest
+  so far (:class:`~deep_nmt_tf.health.HealthMonitor`).
 
 ``fit`` applies every update, so one non-finite loss makes the weights non-finite for good
 (the custom loop skips such updates instead).  :class:`RunDirCheckpoint` therefore saves only
@@ -20,9 +22,9 @@ non-finite weights at a save, it stops the run and writes nothing more, so the r
 deletes the last good checkpoint, and :func:`deep_nmt_tf.fit.run.train` raises
 :class:`FitDiverged` naming it.
 
-SIGTERM and Ctrl-C (:class:`~deep_nmt_tf.signals.StopSignals`, as in the custom loop) stop
+SIGTERM and Ctrl-C (:class:`~deep_nmt_tf.health.StopSignals`, as in the custom loop) stop
 the run at the end of the current update with a checkpoint there, and
-:func:`~deep_nmt_tf.fit.run.train` raises :class:`~deep_nmt_tf.signals.TrainingInterrupted`.
+:func:`~deep_nmt_tf.fit.run.train` raises :class:`~deep_nmt_tf.health.TrainingInterrupted`.
 
 Both count updates themselves (``batches // gradient_accumulation_steps``) and touch
 ``self.model`` only when they save or read the learning rate: on JAX, reading the model's
@@ -40,7 +42,7 @@ from keras import ops
 
 from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.progress import LogWindow, Progress
-from deep_nmt_tf.signals import StopSignals
+from deep_nmt_tf.health import HealthMonitor, StopSignals
 from deep_nmt_tf.task import per_token_metrics
 
 __all__ = ["RunDirCheckpoint", "ProgressLogger", "FitDiverged"]
@@ -79,7 +81,7 @@ class RunDirCheckpoint(_UpdateCounter):
         of the run are deleted.
       start_update: updates applied before this ``fit`` call (a resumed run).
       accumulation: micro-batches per update (``training.gradient_accumulation_steps``).
-      signals: the run's :class:`~deep_nmt_tf.signals.StopSignals`: after a requested stop,
+      signals: the run's :class:`~deep_nmt_tf.health.StopSignals`: after a requested stop,
         the next update's end saves a checkpoint and stops the run (:attr:`interrupted`).
     """
 
@@ -169,11 +171,14 @@ class ProgressLogger(_UpdateCounter):
       batches: the training :class:`~deep_nmt_tf.data.batching.TokenBatches` (for tokens/s;
         ``fit(..., shuffle=False)``); None: no tokens/s.
       stream: where the bar goes (default stderr).
+      loss_explosion_factor: warn when a log line's mean loss exceeds this many times the
+        lowest so far (``training.loss_explosion_factor``, as in the custom loop; 0: never).
     """
 
     def __init__(self, last_update: int, start_update: int = 0, accumulation: int = 1,
-                 batches=None, stream=None):
+                 batches=None, stream=None, loss_explosion_factor: float = 0.0):
         super().__init__(start_update, accumulation)
+        self.health = HealthMonitor(0, loss_explosion_factor)
         self.last_update = int(last_update)
         self.batches = batches
         self.progress = Progress(last_update, start_update, stream=stream)
@@ -221,6 +226,8 @@ class ProgressLogger(_UpdateCounter):
             ppl = per_token_metrics(val, val, 1.0)["perplexity"]
             line.append(f"dev loss {val:.4f} (ppl {ppl:.2f})")
         logging.info("%s", self.progress.log_line(step, line))
+        if loss is not None:
+            self.health.after_log(step, loss)
         self.history = {k: v for k, v in values.items() if v is not None}
 
     def on_train_end(self, logs=None):

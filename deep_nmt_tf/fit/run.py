@@ -34,7 +34,7 @@ The run:
 5. a non-finite loss (at a log step) or non-finite weights (at a checkpoint) stop the run with
    nothing saved after it: :class:`~deep_nmt_tf.fit.callbacks.FitDiverged` names the last good
    checkpoint; SIGTERM or Ctrl-C stop it at the end of the update with a checkpoint there
-   (:class:`~deep_nmt_tf.signals.TrainingInterrupted`).
+   (:class:`~deep_nmt_tf.health.TrainingInterrupted`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from deep_nmt_tf.data.token_ids import TokenIds
 from deep_nmt_tf.fit import compiling
 from deep_nmt_tf.fit.callbacks import FitDiverged, ProgressLogger, RunDirCheckpoint
 from deep_nmt_tf.run_dir import RunDir
-from deep_nmt_tf.signals import StopSignals, TrainingInterrupted
+from deep_nmt_tf.health import StopSignals, TrainingInterrupted
 
 __all__ = ["restore_resume_point", "train"]
 
@@ -137,7 +137,8 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
         dev = TokenIds.load(run_dir.token_file("dev"), vocab_sha256=sha)
         validation = EvalBatches.from_config(config, dev)
         validation_freq = max(1, round(t.eval_every / per_epoch))
-    logger = ProgressLogger(t.train_steps, start, k, batches, stream=progress_stream)
+    logger = ProgressLogger(t.train_steps, start, k, batches, stream=progress_stream,
+                            loss_explosion_factor=t.loss_explosion_factor)
     saver = RunDirCheckpoint(run_dir, t.checkpoint_every, t.keep_checkpoints, start, k)
     first_epoch = start // per_epoch
     epochs = first_epoch + math.ceil((t.train_steps - start) / per_epoch)

@@ -6,8 +6,8 @@ shared with ``compile``/``fit``).
 :class:`Runner` (``runner.py``, Orbit's ``Controller``) is the run: it builds the trainer
 (``trainer.py``: :class:`Trainer`, one update, behind the declared interface of
 ``interface.py``), resumes or warm-starts it, and runs the loop with its periodic actions
-(``actions.py``: checkpoints, evaluation, logs, hooks); ``health.py`` is what stops a run
-cleanly (signals, non-finite streaks, lost workers).
+(``actions.py``: checkpoints, evaluation, logs, hooks); :mod:`deep_nmt_tf.health` (shared with
+``fit``) is what stops a run cleanly (signals, non-finite streaks, lost workers).
 
 Example:
     >>> from deep_nmt_tf.config import load_config
@@ -18,7 +18,7 @@ Example:
 
 from deep_nmt_tf.checkpointing import model_checkpoint, restore_model_weights
 from deep_nmt_tf.training.actions import PeriodicAction, TrainHook
-from deep_nmt_tf.training.health import TrainingDiverged, TrainingInterrupted, WorkerLost
+from deep_nmt_tf.health import TrainingDiverged, TrainingInterrupted, WorkerLost
 from deep_nmt_tf.training.interface import DevEvaluation, TrainerInterface
 from deep_nmt_tf.training.optimizers import (ClipByGlobalNorm, GradientTransform,
                                              ReducedGradientsAdam, build_gradient_transforms)

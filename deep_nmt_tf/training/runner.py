@@ -38,14 +38,14 @@ it and owns everything around it, in this order:
    stop, :meth:`Runner.request_stop` (the experiment suite's time budget): the loop ends after
    that step and a checkpoint is written there.
 
-   Around every step, :mod:`~deep_nmt_tf.training.health`: SIGTERM and Ctrl-C save a
-   checkpoint at the current step and raise :class:`~deep_nmt_tf.training.health.
+   Around every step, :mod:`~deep_nmt_tf.health`: SIGTERM and Ctrl-C save a
+   checkpoint at the current step and raise :class:`~deep_nmt_tf.health.
    TrainingInterrupted`; ``training.max_consecutive_skipped`` non-finite updates in a row raise
-   :class:`~deep_nmt_tf.training.health.TrainingDiverged` (a due checkpoint waits for the next
+   :class:`~deep_nmt_tf.health.TrainingDiverged` (a due checkpoint waits for the next
    applied update); an exploding loss is warned about, and so is a gradient-norm spike, after
    which the run rolls back to the newest checkpoint before it (``training.spike_rollbacks``)
    or keeps that checkpoint (:mod:`~deep_nmt_tf.training.spikes`); a lost worker of a
-   multi-worker run raises :class:`~deep_nmt_tf.training.health.WorkerLost`.  A checkpoint
+   multi-worker run raises :class:`~deep_nmt_tf.health.WorkerLost`.  A checkpoint
    (periodic, on a signal, at a stop request or at the end) or ``config.yaml``/``run.json``
    that cannot be written because the disk is full raises
    :class:`~deep_nmt_tf.checkpoints.DiskFullError` (its partial files removed; the message
@@ -88,7 +88,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf import compat
+from deep_nmt_tf import compat, health
 from deep_nmt_tf.checkpointing import has_object, object_names
 from deep_nmt_tf.checkpoints import TF_CHECKPOINT, CheckpointStore
 from deep_nmt_tf.config import Config, ConfigError
@@ -96,7 +96,7 @@ from deep_nmt_tf.progress import LogWindow, Progress
 from deep_nmt_tf.run_dir import EVAL_LOGS, TRAIN_LOGS, RunDir
 from deep_nmt_tf.task import per_token_metrics
 from deep_nmt_tf.training import diagnostics as diagnostics_lib
-from deep_nmt_tf.training import evaluation, health, metrics, spikes
+from deep_nmt_tf.training import evaluation, metrics, spikes
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.actions import PeriodicAction, TrainHook, hook_action
 from deep_nmt_tf.training.gradient_transforms import new_transform_items
@@ -523,7 +523,7 @@ class Runner:
 
     def _interrupt(self, step: int, signal_name: str) -> None:
         """Saves a checkpoint at ``step`` (unless there is one) and raises
-        :class:`~deep_nmt_tf.training.health.TrainingInterrupted`."""
+        :class:`~deep_nmt_tf.health.TrainingInterrupted`."""
         path = self.checkpoint_here()
         logging.warning("Interrupted by %s at step %d%s", signal_name, step,
                         f": saved {path}" if path else "")

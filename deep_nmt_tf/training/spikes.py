@@ -1,6 +1,6 @@
 """What the runner does after a gradient-norm spike.
 
-:class:`~deep_nmt_tf.training.health.HealthMonitor` finds the spikes (an applied update whose
+:class:`~deep_nmt_tf.health.HealthMonitor` finds the spikes (an applied update whose
 gradient norm is over ``training.grad_spike_factor`` times the median of the last 200) and warns;
 :class:`SpikeResponse` then does one of two things with the newest checkpoint written before it:
 

@@ -1,14 +1,15 @@
 """Training health: stop with a clear message instead of failing silently or losing work.
 
-The runner (:mod:`deep_nmt_tf.training.runner`) uses three pieces, each fed with values the loop
-already reads (the step's metrics are fetched as Python floats after every update), so none of
-them adds work to a training step:
+Both training routes use it: the custom loop's runner (:mod:`deep_nmt_tf.training.runner`) all
+of it, fed with values the loop already reads (the step's metrics are fetched as Python floats
+after every update), so none of it adds work to a training step; ``fit``
+(:mod:`deep_nmt_tf.fit.callbacks`) the signals and the loss-explosion warning.  No TensorFlow
+(``fit`` runs on a machine with only JAX).
 
-* :class:`StopSignals` (:mod:`deep_nmt_tf.signals`, shared with ``fit``): while the loop runs,
-  SIGTERM (what clusters and schedulers send before preempting a job) and SIGINT (Ctrl-C) only
-  *request* a stop.  The runner finishes the current update, saves a checkpoint at that step
-  and raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``), whose message says how to
-  resume.  A second signal stops at once.
+* :class:`StopSignals`: while a run trains, SIGTERM (what clusters and schedulers send before
+  preempting a job) and SIGINT (Ctrl-C) only *request* a stop.  The run finishes the current
+  update, saves a checkpoint at that step and raises :class:`TrainingInterrupted` (a
+  ``KeyboardInterrupt``), whose message says how to resume.  A second signal stops at once.
   Under ``MultiWorkerMirroredStrategy`` the request travels with the update's all-reduce
   (``Trainer.stop_requested``), so every worker stops after the same update and the checkpoint
   (a collective) is consistent, whichever worker got the signal.
@@ -23,10 +24,9 @@ them adds work to a training step:
   updates), and the runner rolls back to the newest checkpoint written before it
   (``training.spike_rollbacks``) or keeps it as a resumable run directory
   (``MODEL_DIR/kept/before_spike_<step>``; :mod:`~deep_nmt_tf.training.spikes`): a spike can
-  start a collapse whose loss
-  stays well under the explosion factor (the Tatoeba Admin run of docs/RESULTS.md: the loss
-  went from 2.55 to 4.59 while the gradient norm rose 50-fold), and by the time anyone looks the
-  rotation has deleted the checkpoints before it.
+  start a collapse whose loss stays well under the explosion factor (the Tatoeba Admin run of
+  docs/RESULTS.md: the loss went from 2.55 to 4.59 while the gradient norm rose 50-fold), and
+  by the time anyone looks the rotation has deleted the checkpoints before it.
 * :class:`WorkerLost`: under ``MultiWorkerMirroredStrategy`` a worker that stops responding
   (killed, machine lost) makes the collectives of the others fail once the coordination
   service's heartbeat times out (``deep-nmt-train --worker_timeout``); the runner turns that
@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import re
+import signal
 import statistics
+import threading
 from typing import Dict, Optional, Tuple
 
 from absl import logging
-
-from deep_nmt_tf.signals import StopSignals, TrainingInterrupted
 
 __all__ = ["TrainingInterrupted", "TrainingDiverged", "WorkerLost", "StopSignals",
            "HealthMonitor", "SPIKE_HISTORY", "SPIKE_MIN_HISTORY"]
@@ -53,6 +54,76 @@ __all__ = ["TrainingInterrupted", "TrainingDiverged", "WorkerLost", "StopSignals
 SPIKE_HISTORY = 200
 #: Applied updates seen before a spike can be reported (the median needs a history).
 SPIKE_MIN_HISTORY = 100
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped at a signal after saving a checkpoint.
+
+    Attributes:
+      signal_name: ``SIGTERM``, ``SIGINT``, or ``a signal to another worker`` (multi-worker).
+      step: the step reached (and saved).
+      checkpoint: the checkpoint written (None on non-chief workers).
+    """
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Optional[str]):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        if checkpoint:
+            saved = f"saved {checkpoint}"
+        elif step:
+            saved = "the chief saved a checkpoint"
+        else:
+            saved = "no update was made, nothing to save"
+        super().__init__(f"interrupted by {signal_name} at step {step}; {saved}. Run the same "
+                         "command again to resume from it.")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class StopSignals:
+    """A context manager: SIGTERM and SIGINT request a stop (module docstring) while inside.
+
+    Handlers are installed only in the main thread (Python delivers signals there) and only for
+    signals that are not ignored; elsewhere the signals keep their previous behaviour.  The
+    previous handlers are restored on exit.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: Optional[str] = None
+        self._previous: Dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether a stop was requested."""
+        return self.received is not None
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) != signal.SIG_IGN:  # (e.g. SIGINT of a background job)
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None:  # The second one: stop now, as without this handler.
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous)
+            if callable(previous):
+                previous(signum, frame)
+            else:
+                os.kill(os.getpid(), signum)
+            return
+        self.received = name
+        logging.warning("%s received: stopping after the current update (a checkpoint is "
+                        "saved; send %s again to stop at once, without one)", name, name)
 
 
 class TrainingDiverged(RuntimeError):
