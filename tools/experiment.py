@@ -165,13 +165,8 @@ def main(argv: Sequence[str]) -> None:
     from deep_nmt_tf.config import ConfigError
     from deep_nmt_tf.data.text_io import DataError
     from deep_nmt_tf.experiments import find_suite, load_suite, run_suite
+    from deep_nmt_tf.health import TrainingDiverged, TrainingInterrupted, WorkerLost
     from deep_nmt_tf.run_lock import RunLockError
-    from deep_nmt_tf.fit.callbacks import FitDiverged
-    from deep_nmt_tf.health import TrainingInterrupted
-    try:
-        from deep_nmt_tf.training import TrainingDiverged, WorkerLost
-    except ImportError:  # no TensorFlow (--route=fit on a machine with only JAX)
-        TrainingDiverged = WorkerLost = FitDiverged
 
     try:
         suite = load_suite(find_suite(FLAGS.suite))
@@ -185,7 +180,7 @@ def main(argv: Sequence[str]) -> None:
         _fail(str(e))
     except TrainingInterrupted as e:  # SIGTERM / Ctrl-C while a run trained: checkpoint saved
         cli.exit_interrupted("experiment", e)
-    except (TrainingDiverged, FitDiverged, WorkerLost) as e:
+    except (TrainingDiverged, WorkerLost) as e:  # (FitDiverged is a TrainingDiverged)
         print(f"experiment: error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:  # Between stages (averaging, decoding): each resumes as a whole.

@@ -41,14 +41,14 @@ from absl import logging
 from keras import ops
 
 from deep_nmt_tf.checkpoints import CheckpointStore
+from deep_nmt_tf.health import HealthMonitor, StopSignals, TrainingDiverged
 from deep_nmt_tf.progress import LogWindow, Progress
-from deep_nmt_tf.health import HealthMonitor, StopSignals
 from deep_nmt_tf.task import per_token_metrics
 
 __all__ = ["RunDirCheckpoint", "ProgressLogger", "FitDiverged"]
 
 
-class FitDiverged(RuntimeError):
+class FitDiverged(TrainingDiverged):
     """A ``fit`` run met a non-finite loss or non-finite weights and stopped (the message names
     the last good checkpoint)."""
 
@@ -117,9 +117,9 @@ class RunDirCheckpoint(_UpdateCounter):
         super().on_train_batch_end(batch, logs)
         if self._batches % self.accumulation:
             return  # (In the middle of an update.)
-        if self.signals is not None and self.signals.requested and not self.interrupted:
-            path = self.save() or (self.store.latest() if self.last_saved == self.updates
-                                   else None)
+        if self.signals is not None and self.signals.requested:
+            self.save()  # (Once per update: a periodic checkpoint here is not written again.)
+            path = self.store.latest() if self.last_saved == self.updates else None
             self.interrupted = (self.signals.received, self.updates, path)
             self.model.stop_training = True
         elif self.updates % self.every == 0:

@@ -51,8 +51,8 @@ from deep_nmt_tf.data.batching import EvalBatches, TokenBatches
 from deep_nmt_tf.data.token_ids import TokenIds
 from deep_nmt_tf.fit import compiling
 from deep_nmt_tf.fit.callbacks import FitDiverged, ProgressLogger, RunDirCheckpoint
-from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.health import StopSignals, TrainingInterrupted
+from deep_nmt_tf.run_dir import RunDir
 
 __all__ = ["restore_resume_point", "train"]
 
@@ -139,11 +139,11 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
         validation_freq = max(1, round(t.eval_every / per_epoch))
     logger = ProgressLogger(t.train_steps, start, k, batches, stream=progress_stream,
                             loss_explosion_factor=t.loss_explosion_factor)
-    saver = RunDirCheckpoint(run_dir, t.checkpoint_every, t.keep_checkpoints, start, k)
     first_epoch = start // per_epoch
     epochs = first_epoch + math.ceil((t.train_steps - start) / per_epoch)
     with StopSignals() as signals:
-        saver.signals = signals
+        saver = RunDirCheckpoint(run_dir, t.checkpoint_every, t.keep_checkpoints, start, k,
+                                 signals=signals)
         model.fit(batches, epochs=epochs, initial_epoch=first_epoch, shuffle=False, verbose=0,
                   validation_data=validation, validation_freq=validation_freq,
                   callbacks=[logger, saver, *callbacks])
