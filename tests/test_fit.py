@@ -69,7 +69,11 @@ def test_compile_model_maps_the_training_keys_to_keras_options():
                          weight_decay=1e-4)
     model = fit.build_fit_model(config)
     fit.compile_model(model, config)
-    opt = model.optimizer
+    from deep_nmt_tf.task.skipping import SkipNonFiniteUpdates
+
+    assert isinstance(model.optimizer, SkipNonFiniteUpdates)  # skips non-finite updates
+    assert not model.optimizer.loss_scaling  # (float32)
+    opt = model.optimizer.inner_optimizer
     assert opt.global_clipnorm == pytest.approx(0.5)
     assert opt.gradient_accumulation_steps == 2
     assert isinstance(opt._learning_rate, UpdateCountSchedule)

@@ -19,6 +19,9 @@ from test_training_tool import TINY
      "--input, --reference: only used with --mode=decode_file"),
     (("--mode=decode_file", "--model_dir=runs/x"),
      "--mode=decode_file needs --model_dir and --input"),
+    (("--mode=decode", "--route=fit"), "--route and --skip_non_finite apply to --mode=train"),
+    (("--mode=train", "--route=fit", "--unknown_shapes"),
+     "--unknown_shapes applies to --route=loop"),
 ])
 def test_flags_of_the_other_mode_are_refused(args, message):
     proc = run_tool("benchmark", "--config=small", *args)
@@ -82,3 +85,19 @@ def test_decode_benchmark_takes_a_config_file(tmp_path):
     assert result["all_lengths_ok"] and result["steps"] == 4
     assert set(result["results"]["translator"]) == {"greedy", "beam4"}
     assert all(r["tokens"] == 3 * 4 for r in result["results"]["translator"].values())
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skipping", "bare Adam"])
+def test_fit_route_training_benchmark_names_its_optimizer(tmp_path, skip):
+    """--route=fit times compile/fit's step, with the optimizer that skips non-finite updates
+    or (--noskip_non_finite) the bare Adam."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({"model": TINY["model"]}))
+    proc = run_tool("benchmark", "--mode=train", "--route=fit", f"--config={config}",
+                    "--steps=1", "--repeats=1", "--warmup=1",
+                    "--skip_non_finite" if skip else "--noskip_non_finite")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [result] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (result["route"], result["backend"]) == ("fit", "tensorflow")
+    assert result["optimizer"] == ("SkipNonFiniteUpdates" if skip else "Adam")
+    assert result["tokens_per_s"] > 0 and result["batch"] == [64, 32, 32]

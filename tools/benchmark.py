@@ -12,6 +12,12 @@ resident memory.  Each configuration runs in its own process so peak memory is i
     deep-nmt-benchmark --mode=train --config=configs/dlcl_pre_30l.yaml \
         --override=model.decoder.transformer.num_layers=6
 
+``--route=fit`` times ``compile``/``fit``'s step instead (``train_on_batch``, on the current Keras
+backend: ``KERAS_BACKEND=jax``), with ``--noskip_non_finite`` the bare Adam in place of the
+optimizer that skips non-finite updates::
+
+    deep-nmt-benchmark --mode=train --route=fit --config=base [--noskip_non_finite]
+
 ``--config`` takes preset names (:mod:`deep_nmt_tf.benchmark.presets`) or YAML config files,
 comma-separated; each prints one JSON line, and the last line is a JSON list of all of them.
 Training honours ``training.precision`` (``--override=training.precision=mixed_bfloat16``); each
@@ -66,6 +72,12 @@ FLAGS = flags.FLAGS
 define_flags([
     (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops", "decode_file"],
      "What to measure."),
+    (flags.DEFINE_enum, "route", "loop", ["loop", "fit"],
+     "--mode=train: the custom loop's training step, or compile/fit's (on the current Keras "
+     "backend)."),
+    (flags.DEFINE_bool, "skip_non_finite", True,
+     "--mode=train --route=fit: the optimizer skips non-finite updates (false: the bare "
+     "Adam, to measure what skipping costs)."),
     (flags.DEFINE_string, "model_dir", None, "--mode=decode_file: the trained run."),
     (flags.DEFINE_string, "checkpoint", None, "--mode=decode_file: the checkpoint (default: "
                                               "the run's latest)."),
@@ -129,6 +141,11 @@ def _check_mode_flags():
     if FLAGS.mode in ("decode", "step_ops") and FLAGS.override:
         raise app.UsageError(f"--override applies to --mode=train only (--mode={FLAGS.mode} "
                              "measures the presets' or the files' shapes)")
+    if FLAGS.mode != "train" and (FLAGS["route"].present or FLAGS["skip_non_finite"].present):
+        raise app.UsageError("--route and --skip_non_finite apply to --mode=train only")
+    if FLAGS.route == "fit" and FLAGS.unknown_shapes:
+        raise app.UsageError("--unknown_shapes applies to --route=loop (fit pads each batch "
+                             "to static shapes)")
     if FLAGS.mode == "train" and FLAGS.precision not in (None, "float32"):
         raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
                              "train in reduced precision with "
@@ -193,7 +210,8 @@ def main(argv):
             _configs(), on_result=lambda r: print(json.dumps(r), flush=True),
             overrides=list(FLAGS.override), steps=FLAGS.steps, repeats=FLAGS.repeats,
             warmup=FLAGS.warmup, jit_compile=FLAGS.jit_compile, threads=FLAGS.threads,
-            unknown_shapes=FLAGS.unknown_shapes)
+            unknown_shapes=FLAGS.unknown_shapes, route=FLAGS.route,
+            skip_non_finite=FLAGS.skip_non_finite)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     except RuntimeError as e:

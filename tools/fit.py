@@ -24,8 +24,9 @@ Exit status: 0 on success, 2 for an invalid config or data, a config too large f
 a run directory in use, checkpoints none of which can be read (a damaged newer one is skipped
 with a WARNING and kept, renamed ``*.unreadable``), or a full disk (the partial file removed;
 the message names the free space and the last intact checkpoint, which a rerun resumes from);
-1 when training met a non-finite loss or weights (fit applies every update: nothing is saved
-after it, and the message names the last good checkpoint); 143 (SIGTERM) or 130 (Ctrl-C) after
+1 when training met non-finite weights or ``training.max_consecutive_skipped`` updates' worth
+of skipped non-finite micro-batches in a row (nothing is saved after it, and the message names
+the last good checkpoint); 143 (SIGTERM) or 130 (Ctrl-C) after
 saving a checkpoint at the update reached, with the command that resumes.
 """
 

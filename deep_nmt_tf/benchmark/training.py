@@ -13,7 +13,11 @@ which BENCHMARKS.md derives the MFU.  The batches have fixed static shapes, as a
 
 The trainer is built by the runner (:class:`deep_nmt_tf.training.Runner`) with a trainer class
 whose data are fixed random batches; the timed call is the trainer's ``train_step``, the same
-update the custom loop runs.
+update the custom loop runs.  ``route="fit"`` times ``compile``/``fit``'s step instead
+(``model.train_on_batch`` of the model and optimizer :mod:`deep_nmt_tf.fit.compiling` builds,
+on the current Keras backend, on the same batches); ``skip_non_finite=False`` compiles it with
+the bare Adam instead of :class:`~deep_nmt_tf.task.skipping.SkipNonFiniteUpdates`, to measure
+what skipping costs.
 """
 
 from __future__ import annotations
@@ -72,9 +76,45 @@ def _trainer_class(unknown_shapes: bool):
     return BenchTrainer
 
 
+def _random_batch(rng):
+    src = rng.integers(4, VOCAB, (BATCH, SRC_LEN), dtype="int32")
+    tgt = rng.integers(4, VOCAB, (BATCH, TGT_LEN + 1), dtype="int32")
+    tgt[:, 0] = 1
+    return {"source_ids": src, "target_input_ids": tgt[:, :-1]}, tgt[:, 1:]
+
+
+def _time_fit(config, steps: int, repeats: int, warmup: int, skip_non_finite: bool):
+    """``(parameters, [seconds per repeat], optimizer class name)`` of fit's step."""
+    import dataclasses
+
+    import numpy as np
+
+    from deep_nmt_tf.fit import compiling
+
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model,
+                                                                     vocab_size=VOCAB))
+    model = compiling.build_fit_model(config)
+    compiling.compile_model(model, config)
+    if not skip_non_finite:
+        model.compile(optimizer=model.optimizer.inner_optimizer, loss=model.loss,
+                      jit_compile=model.jit_compile)
+    rng = np.random.default_rng(1)
+    batches = [_random_batch(rng) for _ in range(4)]
+    for i in range(warmup):
+        model.train_on_batch(*batches[i % 4])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for i in range(steps):
+            float(model.train_on_batch(*batches[i % 4]))  # (returns the loss: synchronised)
+        times.append(time.perf_counter() - start)
+    return int(model.count_params()), times, type(model.optimizer).__name__
+
+
 def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, repeats: int = 3,
                     warmup: int = 2, jit_compile: bool = False, threads: int = 0,
-                    unknown_shapes: bool = False) -> Dict[str, object]:
+                    unknown_shapes: bool = False, route: str = "loop",
+                    skip_non_finite: bool = True) -> Dict[str, object]:
     """Times training steps of one configuration in this process (module docstring).
 
     Args:
@@ -85,6 +125,9 @@ def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, re
       jit_compile: compile the step with XLA.
       threads: intra/inter-op threads (0: TensorFlow's default; set before TensorFlow runs).
       unknown_shapes: ``[None, None]`` batches (module docstring).
+      route: ``loop`` (the custom loop's trainer) or ``fit`` (module docstring).
+      skip_non_finite: ``fit``: with :class:`~deep_nmt_tf.task.skipping.SkipNonFiniteUpdates`
+        (False: the bare Adam).
 
     Returns:
       ``tokens_per_s`` (median), ``tokens_per_s_repeats``, ``step_s``, ``peak_rss_mib`` (and
@@ -94,20 +137,51 @@ def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, re
     Raises:
       ValueError: ``name`` is neither a preset nor a file.
     """
-    import numpy as np
-    import tensorflow as tf
-
     if threads:
+        import tensorflow as tf
+
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(threads)
     from deep_nmt_tf.config import load_config
-    from deep_nmt_tf.training import Runner
 
     path, preset = config_overrides(name)
     config = load_config(path, preset + list(overrides) + [
         f"training.jit_compile={'true' if jit_compile else 'false'}",
         "training.eval_every=0", "training.gradient_accumulation_steps=1"])
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    extra = {}
+    if route == "fit":
+        import keras
+
+        params, times, optimizer = _time_fit(config, steps, repeats, warmup, skip_non_finite)
+        extra = {"route": "fit", "backend": keras.backend.backend(), "optimizer": optimizer}
+    else:
+        params, times = _time_loop(config, steps, repeats, warmup, unknown_shapes)
+    tokens = steps * BATCH * (SRC_LEN + TGT_LEN)
+    rates = [tokens / t for t in times]
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "mode": "train", "config": name, "overrides": list(overrides), **extra,
+        "tokens_per_s": round(statistics.median(rates), 1),
+        "tokens_per_s_repeats": [round(r, 1) for r in rates],
+        "step_s": round(statistics.median(times) / steps, 4),
+        "peak_rss_mib": round(peak_kb / 1024, 1),
+        "peak_rss_mib_before_model": round(rss_before / 1024, 1),
+        "parameters": params, "jit_compile": jit_compile,
+        "unknown_shapes": unknown_shapes,
+        "precision": config.training.precision,
+        "train_flops_per_step": train_flops_per_step(config),
+        "batch": [BATCH, SRC_LEN, TGT_LEN], "vocab": VOCAB,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _time_loop(config, steps: int, repeats: int, warmup: int, unknown_shapes: bool):
+    """``(parameters, [seconds per repeat])`` of the custom loop's ``train_step``."""
+    import numpy as np
+
+    from deep_nmt_tf.training import Runner
+
     with tempfile.TemporaryDirectory() as model_dir:
         runner = Runner(config, model_dir, trainer=_trainer_class(unknown_shapes))
         trainer = runner.trainer
@@ -121,23 +195,7 @@ def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, re
             for _ in range(steps):
                 float(trainer.train_step(iterator)["loss_sum"])  # synchronise every step
             times.append(time.perf_counter() - start)
-    tokens = steps * BATCH * (SRC_LEN + TGT_LEN)
-    rates = [tokens / t for t in times]
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {
-        "mode": "train", "config": name, "overrides": list(overrides),
-        "tokens_per_s": round(statistics.median(rates), 1),
-        "tokens_per_s_repeats": [round(r, 1) for r in rates],
-        "step_s": round(statistics.median(times) / steps, 4),
-        "peak_rss_mib": round(peak_kb / 1024, 1),
-        "peak_rss_mib_before_model": round(rss_before / 1024, 1),
-        "parameters": params, "jit_compile": jit_compile,
-        "unknown_shapes": unknown_shapes,
-        "precision": config.training.precision,
-        "train_flops_per_step": train_flops_per_step(config),
-        "batch": [BATCH, SRC_LEN, TGT_LEN], "vocab": VOCAB,
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-    }
+    return params, times
 
 
 def benchmark_configs(names: Sequence[str], on_result: Callable[[Dict], None] = lambda r: None,

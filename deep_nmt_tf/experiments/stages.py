@@ -193,6 +193,7 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
 
     from deep_nmt_tf.checkpoints import KERAS_WEIGHTS, CheckpointStore
     from deep_nmt_tf.run_dir import RunDir, checkpoint_step
+    from deep_nmt_tf.task.skipping import updates_read
 
     rd = RunDir(run_dir)
     saved = rd.saved_config()
@@ -248,7 +249,7 @@ def _train_fit(run: PlannedRun, config, run_dir: str, state: RunState, log: Call
             training["seconds"] += now[0] - start[0]
             training["cpu_seconds"] += now[1] - start[1]
             start[:] = now
-            updates = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            updates = updates_read(self.model.optimizer)
             training["updates"] = min(updates, target)
             if budget is not None and training["seconds"] >= budget and updates < target:
                 training["budget"] = {"minutes": max_train_minutes, "stopped_at": updates}

@@ -15,10 +15,14 @@
   so is the WARNING when a line's loss is ``training.loss_explosion_factor`` times the lowest
   so far (:class:`~deep_nmt_tf.health.HealthMonitor`).
 
-``fit`` applies every update, so one non-finite loss makes the weights non-finite for good
-(the custom loop skips such updates instead).  :class:`RunDirCheckpoint` therefore saves only
-finite weights: at a non-finite epoch loss (every ``training.log_every`` updates) or
-non-finite weights at a save, it stops the run and writes nothing more, so the rotation never
+``fit``'s optimizer skips every micro-batch whose gradients are not finite, as the custom loop
+does (:class:`~deep_nmt_tf.task.skipping.SkipNonFiniteUpdates`, which counts them):
+:class:`ProgressLogger` says at each log line how many the window skipped (with a WARNING; the
+window's mean loss is then not finite, as it averages them in), and :class:`RunDirCheckpoint`
+stops the run when ``training.max_consecutive_skipped`` updates' worth of micro-batches in a row
+were skipped (checked at log lines).  It also saves only finite weights: at non-finite weights
+(checked at a save, and at a log line whose loss is not finite) or a non-finite loss with an
+optimizer that does not skip, it stops the run and writes nothing more, so the rotation never
 deletes the last good checkpoint, and :func:`deep_nmt_tf.fit.run.train` raises
 :class:`FitDiverged` naming it.
 
@@ -44,13 +48,20 @@ from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.health import HealthMonitor, StopSignals, TrainingDiverged
 from deep_nmt_tf.progress import LogWindow, Progress
 from deep_nmt_tf.task import per_token_metrics
+from deep_nmt_tf.task.skipping import skip_counts
 
 __all__ = ["RunDirCheckpoint", "ProgressLogger", "FitDiverged"]
 
 
 class FitDiverged(TrainingDiverged):
-    """A ``fit`` run met a non-finite loss or non-finite weights and stopped (the message names
-    the last good checkpoint)."""
+    """A ``fit`` run met non-finite weights, a non-finite loss it could not skip or too many
+    skipped micro-batches in a row, and stopped (the message names the last good
+    checkpoint)."""
+
+
+def _weights_finite(model) -> bool:
+    return all(bool(ops.convert_to_numpy(ops.all(ops.isfinite(v))))
+               for v in model.trainable_weights)
 
 
 class _UpdateCounter(keras.callbacks.Callback):
@@ -83,12 +94,16 @@ class RunDirCheckpoint(_UpdateCounter):
       accumulation: micro-batches per update (``training.gradient_accumulation_steps``).
       signals: the run's :class:`~deep_nmt_tf.health.StopSignals`: after a requested stop,
         the next update's end saves a checkpoint and stops the run (:attr:`interrupted`).
+      max_consecutive_skipped: stop when this many updates' worth of micro-batches in a row
+        were skipped as non-finite (``training.max_consecutive_skipped``; 0: never).
     """
 
     def __init__(self, run_dir, every: int, keep: int, start_update: int = 0,
-                 accumulation: int = 1, signals: Optional[StopSignals] = None):
+                 accumulation: int = 1, signals: Optional[StopSignals] = None,
+                 max_consecutive_skipped: int = 0):
         super().__init__(start_update, accumulation)
         self.signals = signals
+        self.max_consecutive_skipped = max(0, int(max_consecutive_skipped))
         #: ``(signal name, update, checkpoint)`` once a signal stopped the run.
         self.interrupted: Optional[Tuple[str, int, Optional[str]]] = None
         self.store = CheckpointStore(run_dir)
@@ -104,8 +119,7 @@ class RunDirCheckpoint(_UpdateCounter):
         step = self.updates
         if step == self.last_saved or step == 0 or self.diverged:
             return None
-        if not all(bool(ops.convert_to_numpy(ops.all(ops.isfinite(v))))
-                   for v in self.model.trainable_weights):
+        if not _weights_finite(self.model):
             self._diverge(step, "the model's weights are not finite")
             return None
         path = self.store.save(self.model, step, self.keep)
@@ -126,10 +140,25 @@ class RunDirCheckpoint(_UpdateCounter):
             self.save()
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.diverged:
+            return
+        counts = skip_counts(self.model.optimizer)
         loss = _float((logs or {}).get("loss"))
-        if loss is not None and not math.isfinite(loss) and not self.diverged:
-            self._diverge(self.updates, f"the mean training loss of the last log window is "
-                                        f"{loss}")
+        if loss is not None and not math.isfinite(loss):
+            if counts is None:
+                self._diverge(self.updates, f"the mean training loss of the last log window "
+                                            f"is {loss}, and the optimizer does not skip "
+                                            "non-finite updates")
+                return
+            if not _weights_finite(self.model):
+                self._diverge(self.updates, "the model's weights are not finite")
+                return
+        limit = self.max_consecutive_skipped * self.accumulation
+        if counts is not None and limit and counts[1] >= limit:
+            self._diverge(self.updates, f"the last {counts[1]} micro-batches were all skipped "
+                                        "because their loss or gradients were not finite "
+                                        f"(training.max_consecutive_skipped="
+                                        f"{self.max_consecutive_skipped})")
 
     def on_train_end(self, logs=None):
         self.save()
@@ -145,11 +174,9 @@ class RunDirCheckpoint(_UpdateCounter):
         latest = self.store.latest()
         last = (f"the last good checkpoint is {latest}, which a rerun resumes from" if latest
                 else "no checkpoint was written before it (a rerun starts again)")
-        return (f"training stopped at update {step}: {why}. fit applies every update, so the "
-                f"weights are no longer finite; nothing was saved after it, and {last}. Lower "
-                "the learning rate (training.schedule), set training.clip_norm, or train with "
-                "deep-nmt-train, whose loop skips non-finite updates "
-                "(training.max_consecutive_skipped).")
+        return (f"training stopped at update {step}: {why}. Nothing was saved after it, and "
+                f"{last}. Lower the learning rate (training.schedule), set training.clip_norm, "
+                "or look for bad data.")
 
 
 def _float(value) -> Optional[float]:
@@ -184,6 +211,7 @@ class ProgressLogger(_UpdateCounter):
         self.progress = Progress(last_update, start_update, stream=stream)
         self.history: Dict[str, float] = {}
         self._window = LogWindow(sum_keys=("tokens",), token_keys=("tokens",))
+        self._skipped_before = 0
 
     def _tokens_per_second(self) -> Optional[float]:
         if self.batches is None:
@@ -194,6 +222,8 @@ class ProgressLogger(_UpdateCounter):
         self.progress.__enter__()
         logging.info("Training with fit (%s backend) from update %d to %d",
                      keras.backend.backend(), self.start_update, self.last_update)
+        counts = skip_counts(self.model.optimizer)
+        self._skipped_before = counts[0] if counts else 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._window = LogWindow(sum_keys=("tokens",), token_keys=("tokens",))
@@ -225,7 +255,18 @@ class ProgressLogger(_UpdateCounter):
             values["eval_loss"] = val
             ppl = per_token_metrics(val, val, 1.0)["perplexity"]
             line.append(f"dev loss {val:.4f} (ppl {ppl:.2f})")
+        counts = skip_counts(self.model.optimizer)
+        skipped = counts[0] - self._skipped_before if counts else 0
+        if counts:
+            self._skipped_before = counts[0]
+            values["skipped_batches"] = float(counts[0])
+        if skipped:
+            line.append(f"{skipped} skipped")
         logging.info("%s", self.progress.log_line(step, line))
+        if skipped:
+            logging.warning("update %d: %d micro-batch(es) of this log window skipped because "
+                            "their loss or gradients were not finite (%d in the run so far); "
+                            "the window's mean loss counts them", step, skipped, counts[0])
         if loss is not None:
             self.health.after_log(step, loss)
         self.history = {k: v for k, v in values.items() if v is not None}

@@ -17,7 +17,11 @@ builds on too; :func:`compile_model` maps the ``training`` keys to Keras:
                                     >= 2), as Keras weight regularizers (``model.losses``)
 ``jit_compile``                     ``compile(jit_compile=...)`` on TensorFlow (always on JAX)
 ``precision``                       the model's dtype policy (:func:`build_fit_model`);
-                                    ``mixed_float16`` adds Keras' ``LossScaleOptimizer``
+                                    ``mixed_float16`` adds dynamic loss scaling
+``max_consecutive_skipped``         non-finite updates are skipped and counted (:class:`~.
+                                    skipping.SkipNonFiniteUpdates`); the run stops at this
+                                    many in a row (:class:`~deep_nmt_tf.fit.callbacks.
+                                    RunDirCheckpoint`)
 ==================================  ========================================================
 
 Two differences remain.  Under gradient accumulation Keras averages the ``k`` micro-batch
@@ -27,7 +31,8 @@ close to it with token-bucketed batches.  And the dropout masks differ (another 
 
 What ``fit`` cannot do is refused by :func:`check_fit_config` with a
 :class:`~deep_nmt_tf.config.ConfigError` naming the key (:data:`UNSUPPORTED`): adaptive
-clipping (it skips updates, which a Keras optimizer cannot), the grad-norm ratio (it
+clipping (it skips updates by their gradient norm's history, which fit's step does not
+keep), the grad-norm ratio (it
 differentiates the encoder layer outputs), spike rollbacks (mid-run restores), warm start (it
 reads TensorFlow checkpoints) and freezing.
 

@@ -31,10 +31,12 @@ The run:
    batching.EvalBatches` of ``data/dev.npz``); checkpoints every ``training.checkpoint_every``
    updates (:class:`~deep_nmt_tf.fit.callbacks.RunDirCheckpoint`).  Dev BLEU is not computed
    during fit (``deep-nmt-evaluate`` scores the checkpoints);
-5. a non-finite loss (at a log step) or non-finite weights (at a checkpoint) stop the run with
-   nothing saved after it: :class:`~deep_nmt_tf.fit.callbacks.FitDiverged` names the last good
-   checkpoint; SIGTERM or Ctrl-C stop it at the end of the update with a checkpoint there
-   (:class:`~deep_nmt_tf.health.TrainingInterrupted`).
+5. a micro-batch whose gradients are not finite is skipped and counted, as in the custom loop
+   (:class:`~deep_nmt_tf.task.skipping.SkipNonFiniteUpdates`); ``training.
+   max_consecutive_skipped`` updates' worth of them in a row, or non-finite weights, stop the
+   run with nothing saved after it: :class:`~deep_nmt_tf.fit.callbacks.FitDiverged` names the
+   last good checkpoint; SIGTERM or Ctrl-C stop it at the end of the update with a checkpoint
+   there (:class:`~deep_nmt_tf.health.TrainingInterrupted`).
 """
 
 from __future__ import annotations
@@ -53,14 +55,16 @@ from deep_nmt_tf.fit import compiling
 from deep_nmt_tf.fit.callbacks import FitDiverged, ProgressLogger, RunDirCheckpoint
 from deep_nmt_tf.health import StopSignals, TrainingInterrupted
 from deep_nmt_tf.run_dir import RunDir
+from deep_nmt_tf.task.skipping import skip_counts, updates_read
 
 __all__ = ["restore_resume_point", "train"]
 
 
 def restore_resume_point(model, run_dir: RunDir) -> int:
     """Loads the resume point of ``run_dir`` (the newest ``ckpt-N.weights.h5`` that can be
-    read) into a compiled ``model`` (the optimizer too); returns the updates it had applied (0
-    when there is none).
+    read) into a compiled ``model`` (the optimizer too); returns its update count, the data
+    position in updates (micro-batches read, skipped ones included, over the accumulation
+    steps: :func:`~deep_nmt_tf.task.skipping.updates_read`; 0 when there is none).
 
     Raises:
       CheckpointError: ``.weights.h5`` files, none readable (named with their problems).
@@ -70,11 +74,13 @@ def restore_resume_point(model, run_dir: RunDir) -> int:
         KERAS_WEIGHTS, start_over_hint="move them away to train from update 0"))
     if path is None:
         return 0
-    model.optimizer.build(model.trainable_variables)
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)
     model.load_weights(path)
-    iterations = model.optimizer.iterations
-    updates = int(keras.ops.convert_to_numpy(iterations))
-    logging.info("Restored %s (%d updates applied)", path, updates)
+    updates = updates_read(optimizer)
+    counts = skip_counts(optimizer)
+    logging.info("Restored %s (update %d; %d micro-batches skipped as non-finite)", path,
+                 updates, counts[0] if counts else 0)
     return updates
 
 
@@ -99,8 +105,9 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
       ConfigError: a changed model, or a key fit cannot honour.
       CheckpointError: checkpoints, none readable.
       DataError: no ``data/train.npz``, or one tokenised with another vocabulary.
-      FitDiverged: a non-finite loss or weights (nothing saved after it; the message names
-        the last good checkpoint).
+      FitDiverged: non-finite weights, or ``training.max_consecutive_skipped`` updates'
+        worth of skipped micro-batches in a row (nothing saved after it; the message names the
+        last good checkpoint).
       TrainingInterrupted: SIGTERM or Ctrl-C (a checkpoint saved at the update reached).
     """
     run_dir = RunDir(model_dir)
@@ -143,7 +150,8 @@ def train(model_dir, overrides: Sequence[str] = (), callbacks: Sequence = (),
     epochs = first_epoch + math.ceil((t.train_steps - start) / per_epoch)
     with StopSignals() as signals:
         saver = RunDirCheckpoint(run_dir, t.checkpoint_every, t.keep_checkpoints, start, k,
-                                 signals=signals)
+                                 signals=signals,
+                                 max_consecutive_skipped=t.max_consecutive_skipped)
         model.fit(batches, epochs=epochs, initial_epoch=first_epoch, shuffle=False, verbose=0,
                   validation_data=validation, validation_freq=validation_freq,
                   callbacks=[logger, saver, *callbacks])

@@ -6,7 +6,9 @@
 * :mod:`.losses`: the label-smoothed cross-entropy (sums for the custom loop,
   :class:`LabelSmoothedCrossEntropy` for ``compile``);
 * :mod:`.schedules`, :mod:`.rnmt_schedule`: the learning-rate schedules and their registry
-  (``register_schedule``).
+  (``register_schedule``);
+* :mod:`.skipping`: :class:`SkipNonFiniteUpdates`, the optimizer wrapper that gives ``fit``
+  the custom loop's skipping of non-finite updates.
 
 The custom ``tf.distribute`` loop (:mod:`deep_nmt_tf.training`) and Keras ``compile``/``fit``
 (:mod:`deep_nmt_tf.fit`) both build on this package, and on nothing of each other.
@@ -18,6 +20,8 @@ from deep_nmt_tf.task.rnmt_schedule import RNMTPlusSchedule, rnmt_plus_learning_
 from deep_nmt_tf.task.schedules import (SCHEDULE_BUILDERS, ConstantSchedule,
                                         InverseSqrtSchedule, TransformerSchedule,
                                         UpdateCountSchedule, build_schedule, register_schedule)
+from deep_nmt_tf.task.skipping import (SkipNonFiniteUpdates, batches_consumed, skip_counts,
+                                      updates_read)
 from deep_nmt_tf.task.translation import (TranslationTask, build_optimizer,
                                           decayed_variable_mask, per_token_metrics)
 
@@ -35,6 +39,10 @@ __all__ = [
     "UpdateCountSchedule",
     "build_schedule",
     "register_schedule",
+    "SkipNonFiniteUpdates",
+    "batches_consumed",
+    "skip_counts",
+    "updates_read",
     "TranslationTask",
     "build_optimizer",
     "decayed_variable_mask",

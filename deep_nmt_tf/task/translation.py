@@ -15,9 +15,11 @@ loss_sums` / ``build_loss``    numerators and denominators, added   build_loss``
 :meth:`~TranslationTask.       read at ``optimizer.iterations``     read at the update count
 build_schedule`` (registry:                                         (:class:`~.schedules.
 :mod:`.schedules`)                                                  UpdateCountSchedule`)
-:func:`build_optimizer`        Adam; the loop clips, accumulates    Adam that clips,
-(Adam from ``adam_*``)         and scales the loss itself           accumulates (and, for
-                                                                    float16, scales)
+:func:`build_optimizer`        Adam; the loop clips, accumulates,   Adam that clips,
+(Adam from ``adam_*``)         skips non-finite updates and scales  accumulates, skips
+                               the loss itself                      non-finite updates
+                                                                    (:mod:`.skipping`; and,
+                                                                    for float16, scales)
 :meth:`~TranslationTask.       ``g + wd * w`` on the masked         L2 regularizers on the
 decayed_mask` (weight decay:   variables                            masked variables
 rank >= 2)
@@ -39,6 +41,7 @@ import keras
 
 from deep_nmt_tf.task.losses import LabelSmoothedCrossEntropy, LossSums, cross_entropy_sums
 from deep_nmt_tf.task.schedules import UpdateCountSchedule, build_schedule
+from deep_nmt_tf.task.skipping import SkipNonFiniteUpdates
 
 __all__ = ["TranslationTask", "build_optimizer", "decayed_variable_mask", "per_token_metrics"]
 
@@ -63,8 +66,9 @@ def build_optimizer(config, learning_rate, optimizer_class=None,
         loop passes its :class:`~deep_nmt_tf.training.optimizers.ReducedGradientsAdam`).
       keras_update: the optimizer does what the custom loop does around it (``compile``/
         ``fit``): global-norm clipping (``training.clip_norm``), gradient accumulation
-        (``training.gradient_accumulation_steps``, the schedule then read at the update count)
-        and, for ``mixed_float16``, dynamic loss scaling (``LossScaleOptimizer``).
+        (``training.gradient_accumulation_steps``, the schedule then read at the update count),
+        skipping non-finite updates (:class:`~deep_nmt_tf.task.skipping.SkipNonFiniteUpdates`)
+        and, for ``mixed_float16``, dynamic loss scaling (its ``loss_scaling``).
 
     Build it inside the strategy scope for the custom loop, and call
     ``optimizer.build(trainable_variables)`` before the first ``strategy.run`` (Keras 3
@@ -82,8 +86,9 @@ def build_optimizer(config, learning_rate, optimizer_class=None,
     optimizer = optimizer_class(learning_rate=learning_rate, beta_1=t.adam_beta1,
                                 beta_2=t.adam_beta2, epsilon=t.adam_epsilon, name="adam",
                                 **options)
-    if keras_update and t.precision == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    if keras_update:
+        optimizer = SkipNonFiniteUpdates(optimizer,
+                                         loss_scaling=t.precision == "mixed_float16")
     return optimizer
 
 
