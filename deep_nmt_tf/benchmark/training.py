@@ -49,11 +49,8 @@ def _trainer_class(unknown_shapes: bool):
     rng = np.random.default_rng(1)
 
     def batch():
-        src = rng.integers(4, VOCAB, (BATCH, SRC_LEN), dtype=np.int32)
-        tgt = rng.integers(4, VOCAB, (BATCH, TGT_LEN + 1), dtype=np.int32)
-        tgt[:, 0] = 1
-        return {"source_ids": src, "target_input_ids": tgt[:, :-1],
-                "target_output_ids": tgt[:, 1:]}
+        inputs, labels = _random_batch(rng)
+        return {**inputs, "target_output_ids": labels}
 
     batches = [batch() for _ in range(4)]
 
@@ -77,6 +74,8 @@ def _trainer_class(unknown_shapes: bool):
 
 
 def _random_batch(rng):
+    """``({"source_ids", "target_input_ids"}, target_output_ids)``: random ids at the peer
+    harness's shapes, targets starting with ``<s>``."""
     src = rng.integers(4, VOCAB, (BATCH, SRC_LEN), dtype="int32")
     tgt = rng.integers(4, VOCAB, (BATCH, TGT_LEN + 1), dtype="int32")
     tgt[:, 0] = 1
