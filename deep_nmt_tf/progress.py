@@ -177,10 +177,15 @@ class Progress:
     # -- the bar ----------------------------------------------------------------------------
     def update(self, step: int, loss: Optional[float] = None,
                tokens_per_second: Optional[float] = None, force: bool = False) -> None:
-        """Redraws the bar (on a terminal; at most every ``min_interval`` seconds)."""
+        """Notes the step for the ETA and redraws the bar (on a terminal; at most every
+        ``min_interval`` seconds).  The routes call it after every step, terminal or not."""
+        now = time.perf_counter()
+        if self._first is None and step > self.start_step:
+            # The pace of the ETA starts at the first finished step (it compiles), on a
+            # terminal or not: a log file's first line would otherwise count the compiles.
+            self._first = (step, now)
         if not self.interactive:
             return
-        now = time.perf_counter()
         if not force and step < self.last_step and now - self._last_draw < self.min_interval:
             return
         self._last_draw = now

@@ -86,6 +86,25 @@ def test_progress_bar_and_eta():
     assert quiet.getvalue() == ""
 
 
+def test_eta_leaves_the_compiling_first_step_out_off_a_terminal(monkeypatch):
+    """A log file's first ETA is paced from the first finished step, not from the start: a
+    resumed run's first line once said 17h56m for two hours' work (compiles counted)."""
+    import deep_nmt_tf.progress as progress_module
+
+    clock = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    progress = Progress(1100, 100, stream=io.StringIO())
+    assert not progress.interactive
+    clock[0] = 300.0  # The first step after the resume traces the step: 300 s.
+    progress.update(101)
+    for step in range(102, 201):  # Then one second a step.
+        clock[0] += 1.0
+        progress.update(step)
+    assert progress.eta_seconds(200) == pytest.approx(900.0)  # 99 s for 99 steps; 900 left.
+    assert "ETA 15m00s" in progress.log_line(200, ["loss 1.0"])
+    assert progress.stream.getvalue() == ""  # Not a terminal: no bar drawn.
+
+
 @pytest.mark.slow
 def test_train_prints_no_banner_and_an_eta_and_verbose_restores_it(tmp_path, tmp_path_factory):
     from test_training_tool import train_tool_run

@@ -376,14 +376,15 @@ class Runner:
         def evaluate(step, logs):
             return {f"eval_{k}": v for k, v in self.evaluate().items()}
 
-        # The ETA of the log lines; on a terminal also a bar after every step.
+        # The ETA of the log lines (its pace from the first finished step on); on a terminal
+        # also a bar after every step.
         self._progress = Progress(last, int(self.trainer.step.numpy())).__enter__()
 
         def progress(step, logs):
             self._progress.update(step, logs.get("loss"), self._window.tokens_per_second())
 
         return [
-            PeriodicAction("progress", 1 if self._progress.interactive else 0, progress,
+            PeriodicAction("progress", 1, progress,
                            at_end=False, exclude_time=False),
             PeriodicAction("log", t.log_every, log, exclude_time=False),
             PeriodicAction("diagnostics", t.diagnostics_every or t.log_every, diagnostics),
