@@ -29,7 +29,7 @@ from deep_nmt_tf.checkpointing import CheckpointError
 from deep_nmt_tf.checkpoints import CheckpointStore
 from deep_nmt_tf.config import ConfigError, config_from_dict, load_config
 from deep_nmt_tf.data.text_io import DataError
-from deep_nmt_tf.run_dir import RunDir, RunDirError
+from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.training import Runner, TrainingDiverged
 from deep_nmt_tf.health import HealthMonitor
 from deep_nmt_tf.training.spikes import read_spikes
@@ -493,6 +493,38 @@ def test_a_gradient_norm_spike_rolls_back_and_skips_the_batches_since(tmp_path, 
         assert resumed.run() == {}
     assert int(resumed.trainer.data_position.numpy()) == 18
     assert "Nothing to do: step 16 >= 16" in _messages(caplog, logging.INFO)
+
+
+def test_only_the_newest_checkpoints_kept_before_spikes_stay(tmp_path, monkeypatch, caplog):
+    """training.max_kept_spikes=2: spikes at updates 7, 17, 27 and 37 keep ckpt-5, -15, -25 and
+    -35; each new one removes the oldest beyond two, except one trained from since (here the
+    first, locked by a run on it), which stays and is not counted."""
+    from deep_nmt_tf import health
+    from deep_nmt_tf.run_lock import LOCK_NAME
+
+    monkeypatch.setattr(health, "SPIKE_MIN_HISTORY", 4)
+    monkeypatch.setattr(health, "SPIKE_HISTORY", 8)
+    run = tmp_path / "run"
+
+    def in_use(trainer, step, logs):
+        if step == 10:  # Someone resumed from the first kept one (its lock).
+            (run / "kept" / "before_spike_7" / LOCK_NAME).write_text("1234")
+
+    config = tiny_config(NO_DROPOUT, train_steps=40, checkpoint_every=5, keep_checkpoints=2,
+                         max_kept_spikes=2)
+    with caplog.at_level(logging.INFO, logger="absl"):
+        Runner(config, str(run), trainer=_trainer_with_bad_batches(7, 17, 27, 37)).run(
+            hooks=[in_use])
+    spikes = read_spikes(str(run))
+    assert [s["step"] for s in spikes] == [7, 17, 27, 37]
+    assert sorted(os.listdir(run / "kept")) == ["before_spike_27", "before_spike_37",
+                                               "before_spike_7"]
+    assert [s.get("removed_kept") for s in spikes] == [
+        None, None, None, [str(run / "kept" / "before_spike_17")]]
+    assert "training.max_kept_spikes=2: removed the oldest" in _messages(caplog, logging.INFO)
+    for step in (27, 37):  # The ones left are whole, resumable run directories.
+        kept = run / "kept" / f"before_spike_{step}"
+        assert CheckpointStore(str(kept)).latest() == str(kept / f"ckpt-{step - 2}")
 
 
 def test_an_unreadable_spike_record_is_set_aside_not_overwritten(tmp_path, monkeypatch, caplog):

@@ -317,6 +317,12 @@ class TrainingConfig:
                                  "micro-batches read since then, at most this many times per "
                                  "start of the run (0: never; the checkpoint is kept instead). "
                                  "Custom loop, single worker.", min=0)
+    max_kept_spikes: int = field(5, "Keep only the newest this many checkpoints kept before "
+                                 "gradient-norm spikes (MODEL_DIR/kept/before_spike_<step>, "
+                                 "each a full checkpoint once rotated away); an older one is "
+                                 "removed when a new one is kept, the run having trained past "
+                                 "it. One trained from since is never removed (0: keep every "
+                                 "one).", min=0, affects_results=False)
     warm_start: WarmStartConfig = field(WarmStartConfig(), "Warm start from an earlier run.")
     freeze: Tuple[str, ...] = field((), "Sub-modules (a list of '/'-separated attribute paths, "
                                     "e.g. [encoder/stages/0]) whose variables are not trained "

@@ -237,7 +237,8 @@ class Runner:
                                            t.grad_spike_factor)
         self.health.checkpoint_saved(int(trainer.step.numpy()), restored)
         #: At a gradient-norm spike: roll back, or keep the checkpoint before it.
-        self.spike_response = spikes.SpikeResponse(self, t.spike_rollbacks)
+        self.spike_response = spikes.SpikeResponse(self, t.spike_rollbacks,
+                                                   t.max_kept_spikes)
         self._checkpoint_pending = False
         dev = isinstance(trainer, DevEvaluation)
         self.evaluator = evaluation.Evaluator(trainer) if dev else None
