@@ -18,7 +18,7 @@ gradient norm is over ``training.grad_spike_factor`` times the median of the las
   (:meth:`~deep_nmt_tf.checkpoints.CheckpointStore.keep`; hard links, else copies) and training
   goes on; the log says how to go on from it should the run collapse.  Once the rotation has
   deleted the original, each kept copy is a full checkpoint on disk (a Tatoeba DeepNorm run
-  trained through nine spikes in 7,500 updates, 80 MB each), so only the newest
+  trained through 18 spikes in 12,000 updates, 80 MB each), so only the newest
   ``training.max_kept_spikes`` are kept (:func:`prune_kept`): the run has trained past the
   older ones, through later spikes.  A kept directory trained from since (a lock, or a
   checkpoint of its own) is never removed, and not counted.
