@@ -141,14 +141,19 @@ class Progress:
         now = time.perf_counter()
         if step <= self.start_step:
             return None
-        if self._first is None:
-            self._first = (step, now)
+        self._note_first(step, now)
         first_step, first_time = self._first
         if step > first_step:
             pace = (now - first_time) / (step - first_step)
         else:
             pace = (now - self.start_time) / (step - self.start_step)
         return pace * max(self.last_step - step, 0)
+
+    def _note_first(self, step: int, now: float) -> None:
+        """Where the ETA's pace starts: the first finished step this object sees (it compiles,
+        so the pace is measured from its end)."""
+        if self._first is None and step > self.start_step:
+            self._first = (step, now)
 
     def eta(self, step: int) -> str:
         """:meth:`eta_seconds` formatted (``"4m05s"``)."""
@@ -180,10 +185,8 @@ class Progress:
         """Notes the step for the ETA and redraws the bar (on a terminal; at most every
         ``min_interval`` seconds).  The routes call it after every step, terminal or not."""
         now = time.perf_counter()
-        if self._first is None and step > self.start_step:
-            # The pace of the ETA starts at the first finished step (it compiles), on a
-            # terminal or not: a log file's first line would otherwise count the compiles.
-            self._first = (step, now)
+        # On a terminal or not: a log file's first ETA would otherwise count the compiles.
+        self._note_first(step, now)
         if not self.interactive:
             return
         if not force and step < self.last_step and now - self._last_draw < self.min_interval:

@@ -232,6 +232,7 @@ class ProgressLogger(_UpdateCounter):
         super().on_train_batch_end(batch, logs)
         if self.batches is not None:
             self._window.add({"tokens": self.batches.tokens(batch)})
+        # Every batch (the ETA's start); the loss, a device read on JAX, only for the bar.
         self.progress.update(self.updates, _float((logs or {}).get("loss")) if
                              self.progress.interactive else None, self._tokens_per_second())
         if self.updates >= self.last_update and self._batches % self.accumulation == 0:

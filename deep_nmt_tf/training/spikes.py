@@ -45,8 +45,8 @@ from deep_nmt_tf.checkpointing import object_names
 from deep_nmt_tf.checkpoints.store import CheckpointStore
 from deep_nmt_tf.run_dir import (CONFIG_FILENAME, KEPT_DIRNAME, TRAIN_LOGS, UNREADABLE_SUFFIX,
                                  RunDirError)
-from deep_nmt_tf.training import metrics
 from deep_nmt_tf.run_lock import LOCK_NAME
+from deep_nmt_tf.training import metrics
 from deep_nmt_tf.training.gradient_transforms import new_transform_items
 
 __all__ = ["SpikeResponse", "SPIKES_FILENAME", "read_spikes", "prune_kept"]
