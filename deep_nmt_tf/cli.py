@@ -67,8 +67,9 @@ PRECISION_FLAG: FlagDefinition = (
     flags.DEFINE_enum, "precision", None, ["float32", "bfloat16", "float16"],
     "Inference precision: the dtype of the weights and activations (the float32 checkpoint is "
     "rounded when loaded; softmax, LayerNorm statistics and scores stay float32).  Default: "
-    "the fastest on this machine (bfloat16 on a CPU with amx_bf16 or avx512_bf16, else "
-    "float32; deep-nmt-benchmark: float32).")
+    "the fastest on this machine (bfloat16 on a CPU with amx_bf16 or avx512_bf16 whose "
+    "bfloat16 matmul is measured faster than float32's, else float32; deep-nmt-benchmark: "
+    "float32).")
 
 #: ``--jit_compile`` of the inference tools (translate, evaluate, export); unset (None):
 #: :func:`inference_settings` chooses.
@@ -84,9 +85,7 @@ MEMORY_CHECK_FLAG: FlagDefinition = (
     "and refuse one that cannot fit in the memory available (--nomemory_check: train anyway).")
 
 #: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
-DEFAULT_COMPILATION_CACHE = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-    "deep_nmt_tf", "xla")
+DEFAULT_COMPILATION_CACHE = os.path.join(hardware.DEFAULT_CACHE_DIR, "xla")
 
 #: ``--compilation_cache`` of the tools that compile searches (translate, evaluate).
 COMPILATION_CACHE_FLAG: FlagDefinition = (

@@ -2,6 +2,7 @@
 (deep_nmt_tf.hardware.fastest_inference_settings) and the tools' use of it
 (deep_nmt_tf.cli.inference_settings), with faked CPU flags."""
 
+import json
 import logging
 
 import pytest
@@ -66,8 +67,80 @@ def test_flags_given_override_the_choice():
     assert (both.precision, both.jit_compile) == ("float16", False)
 
 
+@pytest.mark.parametrize("speedup,precision,jit_compile", [
+    (1.88, "bfloat16", False),  # The Zen 4's 2048² matmul (BENCHMARKS.md).
+    (0.56, "float32", True),  # An Intel Xeon listing avx512_bf16 without AMX.
+    (1.2, "bfloat16", False),
+])
+def test_bfloat16_flags_alone_do_not_decide(speedup, precision, jit_compile):
+    """A CPU whose bfloat16 matmul is measured slower than float32's gets float32, whatever
+    its flags say; the reason names the measurement."""
+    settings = fastest_inference_settings(cpuinfo=ZEN4, accelerator=False, bf16_speedup=speedup)
+    assert (settings.precision, settings.jit_compile) == (precision, jit_compile)
+    assert f"{speedup:.2f}x float32's" in settings.reason and "avx512_bf16" in settings.reason
+    given = fastest_inference_settings("bfloat16", cpuinfo=ZEN4, accelerator=False,
+                                       bf16_speedup=speedup)
+    assert (given.precision, given.jit_compile) == ("bfloat16", False)
+
+
+def test_the_bfloat16_speedup_is_measured_once_per_cpu(monkeypatch, tmp_path, caplog):
+    calls = []
+
+    def rates():
+        calls.append(1)
+        return 200.0, 112.0
+
+    monkeypatch.setattr(hardware, "_matmul_rates", rates)
+    hardware.bfloat16_matmul_speedup.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="absl"):
+            assert hardware.bfloat16_matmul_speedup(str(tmp_path)) == pytest.approx(0.56)
+        assert any("0.56x" in r.getMessage() for r in caplog.records)
+        hardware.bfloat16_matmul_speedup.cache_clear()  # A later process reads the file.
+        assert hardware.bfloat16_matmul_speedup(str(tmp_path)) == pytest.approx(0.56)
+        assert len(calls) == 1
+        kept = json.loads((tmp_path / "bfloat16_speedup.json").read_text())
+        entry = kept[hardware.cpu_feature_key()]
+        assert (entry["float32_gflops"], entry["bfloat16_gflops"]) == (200.0, 112.0)
+        assert entry["measured"] and entry["cpu"]
+        # Another CPU's entry is kept beside this one's; a damaged file is measured over.
+        kept["0123456789abcdef"] = {"speedup": 2.5}
+        (tmp_path / "bfloat16_speedup.json").write_text(json.dumps(kept))
+        hardware.bfloat16_matmul_speedup.cache_clear()
+        assert hardware.bfloat16_matmul_speedup(str(tmp_path)) == pytest.approx(0.56)
+        assert len(calls) == 1
+        (tmp_path / "bfloat16_speedup.json").write_text("{not json")
+        hardware.bfloat16_matmul_speedup.cache_clear()
+        assert hardware.bfloat16_matmul_speedup(str(tmp_path)) == pytest.approx(0.56)
+        assert len(calls) == 2
+        # A cache that cannot be written costs a measurement each time, not a failure.
+        blocked = tmp_path / "a_file"
+        blocked.write_text("")
+        hardware.bfloat16_matmul_speedup.cache_clear()
+        with caplog.at_level(logging.WARNING, logger="absl"):
+            assert hardware.bfloat16_matmul_speedup(str(blocked)) == pytest.approx(0.56)
+        assert any("Could not keep" in r.getMessage() for r in caplog.records)
+    finally:
+        hardware.bfloat16_matmul_speedup.cache_clear()
+
+
+def test_the_matmul_rates_are_measured():
+    float32, bfloat16 = hardware._matmul_rates(size=64, repeats=2, inner=2)
+    assert 0 < float32 < 1e6 and 0 < bfloat16 < 1e6
+
+
+@pytest.mark.parametrize("speedup,chosen", [(1.9, ("bfloat16", False)),
+                                            (0.56, ("float32", True))])
+def test_the_tools_measure_this_machine(monkeypatch, speedup, chosen):
+    monkeypatch.setattr(hardware, "_this_cpu_flags", lambda: cpu_flags(ZEN4))
+    monkeypatch.setattr(hardware, "_has_accelerator", lambda: False)
+    monkeypatch.setattr(hardware, "bfloat16_matmul_speedup", lambda: speedup)
+    assert cli.inference_settings(None, None)[:2] == chosen
+
+
 def test_the_tools_log_the_choice_once(monkeypatch, caplog):
     monkeypatch.setattr(hardware, "_this_cpu_flags", lambda: cpu_flags(ZEN4))
+    monkeypatch.setattr(hardware, "bfloat16_matmul_speedup", lambda: 1.9)
     monkeypatch.setattr(hardware, "_has_accelerator", lambda: False)
     with caplog.at_level(logging.INFO, logger="absl"):
         assert cli.inference_settings(None, None)[:2] == ("bfloat16", False)

@@ -19,7 +19,8 @@ version: one more than the largest existing one, or 1) with the signatures ``ser
 config's ``decoding`` section (after ``--override``).  Without ``--precision``/``--jit_compile``
 the export takes the fastest setting for this machine
 (:func:`deep_nmt_tf.hardware.fastest_inference_settings`, logged at INFO: bfloat16 without XLA
-on a CPU with ``amx_bf16`` or ``avx512_bf16``, else float32) and records it in
+on a CPU with ``amx_bf16`` or ``avx512_bf16`` whose bfloat16 matmul is measured faster than
+float32's, else float32) and records it in
 ``<version>/assets.extra/deep_nmt.json`` (``precision``, ``jit_compile``,
 ``inference_settings``): export on the kind of machine that will serve.  With XLA the search is
 compiled by XLA when first called; TF Serving then needs ``--xla_cpu_compilation_enabled=true``.

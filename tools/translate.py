@@ -12,8 +12,8 @@ With ``--n_best`` > 1 the output uses the Moses n-best format, ``i ||| translati
 an error.  A progress bar goes to stderr when reading a file.  Defaults of the search come
 from the model's ``config.yaml`` (``decoding``).  Without ``--precision``/``--jit_compile`` the
 fastest setting for this machine is used (:func:`deep_nmt_tf.hardware.fastest_inference_settings`,
-logged at INFO: bfloat16 without XLA on a CPU with ``amx_bf16`` or ``avx512_bf16``, else
-float32).
+logged at INFO: bfloat16 without XLA on a CPU with ``amx_bf16`` or ``avx512_bf16`` whose
+bfloat16 matmul is measured faster than float32's, else float32).
 
 ``--output`` is checked before the model is loaded (an impossible path fails at once) and opened
 when decoding starts; the translations are written as they are produced, a chunk of
