@@ -20,12 +20,16 @@ No TensorFlow, no Keras.
 
 from __future__ import annotations
 
+import collections
 import logging
 import sys
 import time
-from typing import Dict, Optional, Sequence, TextIO
+from typing import Deque, Dict, Optional, Sequence, TextIO, Tuple
 
 __all__ = ["format_duration", "LogWindow", "Progress", "ProgressBar"]
+
+#: Seconds of recent steps whose pace gives the ETA (:meth:`Progress.eta_seconds`).
+PACE_WINDOW = 600.0
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -131,29 +135,37 @@ class Progress:
         self._drawn = False
         self._last_draw = 0.0
         self._filters = []
-        self._first: Optional[tuple] = None
+        self._samples: Deque[Tuple[int, float]] = collections.deque()
 
     # -- numbers --------------------------------------------------------------------------
     def eta_seconds(self, step: int) -> Optional[float]:
-        """Seconds until ``last_step`` at the pace since the first step this object saw
-        finished (the first step, which compiles, is left out once a later one is seen;
-        None before any)."""
+        """Seconds until ``last_step`` at the pace of the last :data:`PACE_WINDOW` seconds of
+        steps (from the first step this object saw finished: the first step, which compiles,
+        is left out once a later one is seen; None before any).  The window lets the ETA
+        recover within minutes from what is not the run's pace: the traces of new batch
+        shapes early on, a pause (a SIGSTOP, a suspended laptop), a burst of load."""
         now = time.perf_counter()
         if step <= self.start_step:
             return None
-        self._note_first(step, now)
-        first_step, first_time = self._first
+        self._note(step, now)
+        first_step, first_time = self._samples[0]
         if step > first_step:
             pace = (now - first_time) / (step - first_step)
         else:
             pace = (now - self.start_time) / (step - self.start_step)
         return pace * max(self.last_step - step, 0)
 
-    def _note_first(self, step: int, now: float) -> None:
-        """Where the ETA's pace starts: the first finished step this object sees (it compiles,
-        so the pace is measured from its end)."""
-        if self._first is None and step > self.start_step:
-            self._first = (step, now)
+    def _note(self, step: int, now: float) -> None:
+        """Samples ``(step, time)`` for the ETA's pace, at most one a second: the first
+        finished step this object sees (it compiles, so the pace is measured from its end),
+        then the steps of the last :data:`PACE_WINDOW` seconds (two at least)."""
+        if step <= self.start_step:
+            return
+        if not self._samples or (step > self._samples[-1][0] and
+                                 now - self._samples[-1][1] >= 1.0):
+            self._samples.append((step, now))
+        while len(self._samples) > 2 and now - self._samples[1][1] >= PACE_WINDOW:
+            self._samples.popleft()
 
     def eta(self, step: int) -> str:
         """:meth:`eta_seconds` formatted (``"4m05s"``)."""
@@ -186,7 +198,7 @@ class Progress:
         ``min_interval`` seconds).  The routes call it after every step, terminal or not."""
         now = time.perf_counter()
         # On a terminal or not: a log file's first ETA would otherwise count the compiles.
-        self._note_first(step, now)
+        self._note(step, now)
         if not self.interactive:
             return
         if not force and step < self.last_step and now - self._last_draw < self.min_interval:

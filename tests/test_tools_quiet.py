@@ -105,6 +105,35 @@ def test_eta_leaves_the_compiling_first_step_out_off_a_terminal(monkeypatch):
     assert progress.stream.getvalue() == ""  # Not a terminal: no bar drawn.
 
 
+def test_eta_recovers_from_a_pause_within_its_window(monkeypatch):
+    """A run stopped for 50 minutes (SIGSTOP in a benchmark window) once read 'ETA 19h46m' an
+    hour later for about six hours' work: the pace was averaged from the first step.  Now it
+    is the last PACE_WINDOW seconds' pace, so the pause counts only until it leaves the
+    window."""
+    import deep_nmt_tf.progress as progress_module
+
+    clock = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    progress = Progress(20000, 0, stream=io.StringIO())
+    step = 0
+    for _ in range(1000):  # 2 s a step.
+        clock[0] += 2.0
+        step += 1
+        progress.update(step)
+    assert progress.eta_seconds(step) == pytest.approx(2.0 * (20000 - step))
+    clock[0] += 3000.0  # Stopped for 50 minutes.
+    step += 1
+    progress.update(step)
+    assert progress.eta_seconds(step) > 4.0 * (20000 - step)  # Just after: the pause shows.
+    window_steps = int(progress_module.PACE_WINDOW / 2.0)
+    for _ in range(window_steps + 5):  # The window passes.
+        clock[0] += 2.0
+        step += 1
+        progress.update(step)
+    assert progress.eta_seconds(step) == pytest.approx(2.0 * (20000 - step), rel=0.02)
+    assert len(progress._samples) <= window_steps + 2  # One sample a second at most.
+
+
 @pytest.mark.slow
 def test_train_prints_no_banner_and_an_eta_and_verbose_restores_it(tmp_path, tmp_path_factory):
     from test_training_tool import train_tool_run
