@@ -85,7 +85,7 @@ MEMORY_CHECK_FLAG: FlagDefinition = (
     "and refuse one that cannot fit in the memory available (--nomemory_check: train anyway).")
 
 #: Where XLA keeps compiled searches between runs (``enable_compilation_cache``).
-DEFAULT_COMPILATION_CACHE = os.path.join(hardware.DEFAULT_CACHE_DIR, "xla")
+DEFAULT_COMPILATION_CACHE = os.path.join(hardware.cache_home(), "xla")
 
 #: ``--compilation_cache`` of the tools that compile searches (translate, evaluate).
 COMPILATION_CACHE_FLAG: FlagDefinition = (

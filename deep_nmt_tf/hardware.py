@@ -27,7 +27,7 @@ What decodes fastest depends on the CPU too (:func:`fastest_inference_settings`,
   ``avx512_bf16`` but not AMX (a virtual machine's CPU), oneDNN's bfloat16 matmul runs at
   0.5-0.7x its float32 rate and bfloat16 decoding is the slower setting (BENCHMARKS.md,
   "bfloat16 slower than float32"), so on such a CPU the rate of both is measured once
-  (:func:`bfloat16_matmul_speedup`, cached per CPU in :data:`DEFAULT_CACHE_DIR`) and bfloat16
+  (:func:`bfloat16_matmul_speedup`, cached per CPU in :func:`cache_home`) and bfloat16
   chosen only at :data:`BF16_MIN_SPEEDUP` or more.  bfloat16's translation quality was
   measured on such machines (BENCHMARKS.md "bfloat16: translation quality"); without native
   bfloat16 instructions it is never chosen;
@@ -54,7 +54,7 @@ from absl import logging
 
 __all__ = ["cpu_name", "cpu_feature_key", "cpu_flags", "describe_machine", "record_hardware",
            "InferenceSettings", "fastest_inference_settings", "NATIVE_BF16_FLAGS",
-           "bfloat16_matmul_speedup", "BF16_MIN_SPEEDUP", "DEFAULT_CACHE_DIR"]
+           "bfloat16_matmul_speedup", "BF16_MIN_SPEEDUP", "cache_home"]
 
 #: ``/proc/cpuinfo`` flags of native bfloat16 matmul instructions (AMX, AVX-512 BF16).
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -64,11 +64,13 @@ NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 #: AMX, 0.5-0.7x on an Intel Xeon that lists ``avx512_bf16`` without AMX (BENCHMARKS.md).
 BF16_MIN_SPEEDUP = 1.2
 
-#: Where measurements of this machine are kept between runs (``$XDG_CACHE_HOME/deep_nmt_tf``,
-#: default ``~/.cache/deep_nmt_tf``).
-DEFAULT_CACHE_DIR = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-    "deep_nmt_tf")
+
+def cache_home() -> str:
+    """Where the package keeps what it measured or compiled on this machine between runs:
+    ``$XDG_CACHE_HOME/deep_nmt_tf`` (default ``~/.cache/deep_nmt_tf``), read when called."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "deep_nmt_tf")
+
 
 #: The ``/proc/cpuinfo`` fields (of the first processor) that decide what code a CPU runs:
 #: x86 (vendor, family, model, flags) and ARM (implementer, architecture, variant, part,
@@ -206,11 +208,11 @@ def _read_measurements(path: str) -> Dict:
 @functools.lru_cache(maxsize=None)
 def bfloat16_matmul_speedup(cache_dir: Optional[str] = None) -> float:
     """How many times float32's rate this CPU's bfloat16 matmul runs (oneDNN, the plain graph):
-    measured once per CPU (:func:`cpu_feature_key`; about a second) and kept in
-    ``CACHE_DIR/bfloat16_speedup.json`` (default :data:`DEFAULT_CACHE_DIR`) with both rates and
+    measured once per CPU (:func:`cpu_feature_key`; under a second, BENCHMARKS.md) and kept in
+    ``CACHE_DIR/bfloat16_speedup.json`` (default :func:`cache_home`) with both rates and
     the time, so that later runs on the same kind of CPU read it back.  A cache that cannot be
     read is measured over; one that cannot be written is only logged."""
-    path = os.path.join(cache_dir or DEFAULT_CACHE_DIR, _CACHE_FILE)
+    path = os.path.join(cache_dir or cache_home(), _CACHE_FILE)
     key = cpu_feature_key()
     known = _read_measurements(path)
     entry = known.get(key)

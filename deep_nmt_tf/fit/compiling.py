@@ -51,6 +51,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import keras
 from absl import logging
 
+from deep_nmt_tf import hardware
 from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.task import TranslationTask
 
@@ -131,8 +132,7 @@ def use_compilation_cache() -> Optional[str]:
     current = jax.config.jax_compilation_cache_dir
     if current or os.environ.get(CACHE_ENV, "").lower() in ("off", "0", "false", "no"):
         return current or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.join(base, "deep_nmt_tf", "jax_compilation_cache")
+    directory = os.path.join(hardware.cache_home(), "jax_compilation_cache")
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:  # a read-only home: compile as before
