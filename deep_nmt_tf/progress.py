@@ -12,8 +12,14 @@ TTY) :class:`Progress` redraws one line after every step, at most a few times a 
 
 and erases it before anything else is logged (a filter on the logging handlers), so log lines
 never land on the bar.  Elsewhere (CI, a log file) nothing is drawn and the periodic log lines
-(every ``training.log_every`` steps) carry the ETA.  The ETA is the wall time per step since
-the first step (which compiles), evaluation and checkpoints included, times the steps left.
+(every ``training.log_every`` steps) carry the ETA.  The ETA is the wall time per step over
+the last :data:`PACE_WINDOW` seconds (the first step, which compiles, left out), evaluation and
+checkpoints included, times the steps left.
+
+A stopped process (SIGSTOP, Ctrl-Z; the project's habit for benchmark windows) is not slow:
+both leave the stop out.  On a POSIX system they count SIGCONT (:func:`resumes`), and the step
+during which the process was resumed is dropped, its time and tokens, from the log line's
+tokens/s and from the ETA's pace.
 
 No TensorFlow, no Keras.
 """
@@ -22,14 +28,50 @@ from __future__ import annotations
 
 import collections
 import logging
+import signal
 import sys
+import threading
 import time
 from typing import Deque, Dict, Optional, Sequence, TextIO, Tuple
 
-__all__ = ["format_duration", "LogWindow", "Progress", "ProgressBar"]
+__all__ = ["format_duration", "LogWindow", "Progress", "ProgressBar", "resumes",
+           "watch_resumes"]
 
 #: Seconds of recent steps whose pace gives the ETA (:meth:`Progress.eta_seconds`).
 PACE_WINDOW = 600.0
+
+
+_resumes = 0
+_watching = False
+
+
+def resumes() -> int:
+    """How many times this process was continued (SIGCONT: after a SIGSTOP, a Ctrl-Z) since
+    :func:`watch_resumes` first ran; 0 where it could not watch."""
+    return _resumes
+
+
+def watch_resumes() -> bool:
+    """Counts SIGCONT from now on (once per process; the main thread only, where Python runs
+    signal handlers; a handler already there is still called).  Continuing happens with or
+    without a handler: this one only counts.  Returns whether the process is watched."""
+    global _watching
+    if _watching:
+        return True
+    if (not hasattr(signal, "SIGCONT")
+            or threading.current_thread() is not threading.main_thread()):
+        return False
+    previous = signal.getsignal(signal.SIGCONT)
+
+    def count(signum, frame):
+        global _resumes
+        _resumes += 1
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGCONT, count)
+    _watching = True
+    return True
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -48,7 +90,8 @@ def format_duration(seconds: Optional[float]) -> str:
 
 class LogWindow:
     """What a route counted between two periodic log lines: summed counts, the mean gradient
-    norm of the applied updates and the tokens per second of training time.
+    norm of the applied updates and the tokens per second of training time (a step during
+    which the process was continued after a stop left out, module docstring).
 
     Args:
       sum_keys: the entries of each step's values that are added up (the others: the last
@@ -61,10 +104,14 @@ class LogWindow:
         self.sum_keys = tuple(sum_keys)
         self.token_keys = tuple(token_keys)
         self.sums = {k: 0.0 for k in self.sum_keys}
+        self.timed = {k: 0.0 for k in self.sum_keys}  # the sums of the steps timed
         self.norm_sum, self.applied, self.skipped = 0.0, 0, 0
         self.last: Dict[str, float] = {}
         self.start = time.perf_counter()
         self.excluded = 0.0
+        watch_resumes()
+        self._resumes = resumes()
+        self._previous = (self.start, 0.0)  # (when the last step ended, excluded by then)
 
     def exclude(self, seconds: float) -> None:
         """Leaves time spent on other work (checkpoints, evaluation) out of tokens/s."""
@@ -73,8 +120,17 @@ class LogWindow:
     def add(self, values: Dict[str, float]) -> None:
         """Adds one step's values (``skipped``/``grad_norm``, when given, count the applied
         updates and their mean norm)."""
+        now, seen = time.perf_counter(), resumes()
+        timed = seen == self._resumes
+        if not timed:  # continued during this step: its time and tokens are not the pace
+            self._resumes = seen
+            ended, excluded = self._previous
+            self.excluded += max(now - ended - (self.excluded - excluded), 0.0)
+        self._previous = (now, self.excluded)
         for k in self.sum_keys:
             self.sums[k] += values.get(k, 0.0)
+            if timed:
+                self.timed[k] += values.get(k, 0.0)
         if values.get("skipped"):
             self.skipped += 1
         elif "grad_norm" in values:
@@ -86,9 +142,13 @@ class LogWindow:
         """Training time in the window (seconds, other work excluded)."""
         return max(time.perf_counter() - self.start - self.excluded, 1e-9)
 
+    def rate(self, key: str) -> float:
+        """``key``'s sum per second of training time in the window."""
+        return self.timed[key] / self.elapsed()
+
     def tokens_per_second(self) -> float:
         """Tokens (``token_keys``) per second of training time in the window."""
-        return sum(self.sums[k] for k in self.token_keys) / self.elapsed()
+        return sum(self.rate(k) for k in self.token_keys)
 
     def mean_grad_norm(self) -> float:
         """Mean gradient norm of the applied updates (0 without any)."""
@@ -136,6 +196,10 @@ class Progress:
         self._last_draw = 0.0
         self._filters = []
         self._samples: Deque[Tuple[int, float]] = collections.deque()
+        self._origin = (self.start_step, self.start_time)  # the pace before any sample
+        self._last_note: Optional[Tuple[int, float]] = None
+        watch_resumes()
+        self._resumes = resumes()
 
     # -- numbers --------------------------------------------------------------------------
     def eta_seconds(self, step: int) -> Optional[float]:
@@ -152,15 +216,26 @@ class Progress:
         if step > first_step:
             pace = (now - first_time) / (step - first_step)
         else:
-            pace = (now - self.start_time) / (step - self.start_step)
+            pace = (now - self._origin[1]) / max(step - self._origin[0], 1)
         return pace * max(self.last_step - step, 0)
 
     def _note(self, step: int, now: float) -> None:
         """Samples ``(step, time)`` for the ETA's pace, at most one a second: the first
         finished step this object sees (it compiles, so the pace is measured from its end),
-        then the steps of the last :data:`PACE_WINDOW` seconds (two at least)."""
+        then the steps of the last :data:`PACE_WINDOW` seconds (two at least).  The steps and
+        time since the previous note are cut out of the samples when the process was continued
+        after a stop in between."""
         if step <= self.start_step:
             return
+        seen = resumes()
+        if seen != self._resumes:
+            self._resumes = seen
+            if self._last_note is not None:
+                steps, seconds = step - self._last_note[0], now - self._last_note[1]
+                self._samples = collections.deque((s + steps, t + seconds)
+                                                  for s, t in self._samples)
+                self._origin = (self._origin[0] + steps, self._origin[1] + seconds)
+        self._last_note = (step, now)
         if not self._samples or (step > self._samples[-1][0] and
                                  now - self._samples[-1][1] >= 1.0):
             self._samples.append((step, now))

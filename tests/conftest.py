@@ -6,15 +6,32 @@ with ``KERAS_BACKEND=jax``.  Those files must not import TensorFlow.
 """
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # fit on JAX keeps no compiled steps in ~/.cache from the tests (test_fit.py checks the cache
 # in a directory of its own).
 os.environ.setdefault("DEEP_NMT_COMPILATION_CACHE", "off")
+# The package's per-machine caches (deep_nmt_tf.hardware.cache_home(): the bfloat16 matmul
+# measurement, XLA's compiled searches) go to a directory of this test run, made by the first
+# process (the controller of the xdist workers, which inherit it) and removed at its end: a
+# test never reads what the user's tools or an earlier run left there, and never leaves a
+# measurement taken under the suite's load for the user's tools to trust.  CI starts cold too.
+_OWN_CACHE = "DEEP_NMT_TEST_CACHE_HOME" not in os.environ
+if _OWN_CACHE:
+    os.environ["DEEP_NMT_TEST_CACHE_HOME"] = tempfile.mkdtemp(prefix="deep_nmt_tf-tests-")
+os.environ["XDG_CACHE_HOME"] = os.environ["DEEP_NMT_TEST_CACHE_HOME"]
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    """Removes this run's cache directory (the process that made it: not an xdist worker)."""
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["DEEP_NMT_TEST_CACHE_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

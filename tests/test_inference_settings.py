@@ -160,3 +160,15 @@ def test_the_library_default_follows_the_same_rule(monkeypatch):
     assert not default_jit_compile("bfloat16")
     monkeypatch.setattr(hardware, "_has_accelerator", lambda: True)
     assert default_jit_compile("bfloat16")
+
+
+def test_the_suite_keeps_its_measurements_out_of_the_users_cache():
+    """tests/conftest.py points the package's caches at a directory of this test run (a
+    measurement taken under the suite's load must not be what the user's tools read)."""
+    import os
+
+    from deep_nmt_tf import hardware
+
+    home = os.path.realpath(hardware.cache_home())
+    assert home.startswith(os.path.realpath(os.environ["DEEP_NMT_TEST_CACHE_HOME"]))
+    assert not home.startswith(os.path.realpath(os.path.expanduser("~/.cache")))

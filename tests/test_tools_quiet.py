@@ -86,52 +86,119 @@ def test_progress_bar_and_eta():
     assert quiet.getvalue() == ""
 
 
-def test_eta_leaves_the_compiling_first_step_out_off_a_terminal(monkeypatch):
-    """A log file's first ETA is paced from the first finished step, not from the start: a
-    resumed run's first line once said 17h56m for two hours' work (compiles counted)."""
+@pytest.fixture
+def clock(monkeypatch):
+    """deep_nmt_tf.progress's clock, set by the test: ``clock[0]`` seconds."""
     import deep_nmt_tf.progress as progress_module
 
-    clock = [0.0]
-    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: now[0])
+    return now
+
+
+def _steps(progress, clock, step, count, seconds=2.0):
+    """``count`` steps of ``seconds`` each after ``step``; returns the last."""
+    for _ in range(count):
+        clock[0] += seconds
+        step += 1
+        progress.update(step)
+    return step
+
+
+def test_eta_leaves_the_compiling_first_step_out_off_a_terminal(clock):
+    """A log file's first ETA is paced from the first finished step, not from the start: a
+    resumed run's first line once said 17h56m for two hours' work (compiles counted)."""
     progress = Progress(1100, 100, stream=io.StringIO())
     assert not progress.interactive
-    clock[0] = 300.0  # The first step after the resume traces the step: 300 s.
-    progress.update(101)
-    for step in range(102, 201):  # Then one second a step.
-        clock[0] += 1.0
-        progress.update(step)
+    # The first step after the resume traces the step: 300 s; then one second a step.
+    _steps(progress, clock, _steps(progress, clock, 100, 1, seconds=300.0), 99, seconds=1.0)
     assert progress.eta_seconds(200) == pytest.approx(900.0)  # 99 s for 99 steps; 900 left.
     assert "ETA 15m00s" in progress.log_line(200, ["loss 1.0"])
     assert progress.stream.getvalue() == ""  # Not a terminal: no bar drawn.
 
 
-def test_eta_recovers_from_a_pause_within_its_window(monkeypatch):
+def test_eta_recovers_from_a_pause_within_its_window(clock):
     """A run stopped for 50 minutes (SIGSTOP in a benchmark window) once read 'ETA 19h46m' an
     hour later for about six hours' work: the pace was averaged from the first step.  Now it
-    is the last PACE_WINDOW seconds' pace, so the pause counts only until it leaves the
+    is the last PACE_WINDOW seconds' pace, so a pause that the process cannot tell from a slow
+    step (no SIGCONT: a suspended machine, a burst of load) counts only until it leaves the
     window."""
-    import deep_nmt_tf.progress as progress_module
+    from deep_nmt_tf.progress import PACE_WINDOW
 
-    clock = [0.0]
-    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
     progress = Progress(20000, 0, stream=io.StringIO())
-    step = 0
-    for _ in range(1000):  # 2 s a step.
-        clock[0] += 2.0
-        step += 1
-        progress.update(step)
+    step = _steps(progress, clock, 0, 1000)
     assert progress.eta_seconds(step) == pytest.approx(2.0 * (20000 - step))
-    clock[0] += 3000.0  # Stopped for 50 minutes.
-    step += 1
-    progress.update(step)
+    step = _steps(progress, clock, step, 1, seconds=3000.0)  # Stopped for 50 minutes.
     assert progress.eta_seconds(step) > 4.0 * (20000 - step)  # Just after: the pause shows.
-    window_steps = int(progress_module.PACE_WINDOW / 2.0)
-    for _ in range(window_steps + 5):  # The window passes.
-        clock[0] += 2.0
-        step += 1
-        progress.update(step)
+    window_steps = int(PACE_WINDOW / 2.0)
+    step = _steps(progress, clock, step, window_steps + 5)  # The window passes.
     assert progress.eta_seconds(step) == pytest.approx(2.0 * (20000 - step), rel=0.02)
     assert len(progress._samples) <= window_steps + 2  # One sample a second at most.
+
+
+def _continued():
+    """Sends this process SIGCONT (as after a SIGSTOP) and waits until it is counted."""
+    import signal
+    import time
+
+    from deep_nmt_tf.progress import resumes, watch_resumes
+
+    if not hasattr(signal, "SIGCONT"):
+        pytest.skip("no SIGCONT on this platform")
+    assert watch_resumes()
+    before = resumes()
+    os.kill(os.getpid(), signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while resumes() == before and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert resumes() == before + 1
+
+
+def test_a_stopped_process_is_not_slow_in_the_eta(clock):
+    """Stopped (SIGSTOP) and continued: the ETA keeps the pace before the stop at once."""
+    progress = Progress(20000, 0, stream=io.StringIO())
+    step = _steps(progress, clock, 0, 50)
+    clock[0] += 3000.0  # Stopped for 50 minutes, continued during the next step.
+    _continued()
+    step = _steps(progress, clock, step, 1)
+    assert progress.eta_seconds(step) == pytest.approx(2.0 * (20000 - step))
+    step = _steps(progress, clock, step, 1)
+    assert progress.eta_seconds(step) == pytest.approx(2.0 * (20000 - step))
+    # Continued before the first step after a (re)start: nothing to cut, no error.
+    fresh = Progress(step + 100, step, stream=io.StringIO())
+    _continued()
+    _steps(fresh, clock, step, 1, seconds=5.0)
+    assert fresh.eta_seconds(step + 1) == pytest.approx(5.0 * 99)
+
+
+def test_a_stopped_process_is_not_slow_in_the_log_windows_throughput(clock):
+    """The step during which the process was continued after a stop is left out of tokens/s
+    (its tokens and its time); the sums still count it; time already excluded (a checkpoint)
+    is not excluded twice."""
+    from deep_nmt_tf.progress import LogWindow
+
+    window = LogWindow(sum_keys=("num_tokens", "source_tokens"), token_keys=("num_tokens",))
+    for _ in range(10):  # 100 target tokens in 2 s a step: 50 tok/s.
+        clock[0] += 2.0
+        window.add({"num_tokens": 100.0, "source_tokens": 90.0})
+    assert window.tokens_per_second() == pytest.approx(50.0)
+    clock[0] += 30.0  # A checkpoint, excluded by the runner ...
+    window.exclude(30.0)
+    clock[0] += 3000.0  # ... then a stop, continued during the next step.
+    _continued()
+    clock[0] += 2.0
+    window.add({"num_tokens": 100.0, "source_tokens": 90.0})
+    assert window.tokens_per_second() == pytest.approx(50.0)
+    assert window.rate("source_tokens") == pytest.approx(45.0)
+    assert window.sums["num_tokens"] == 1100.0
+    clock[0] += 2.0
+    window.add({"num_tokens": 100.0, "source_tokens": 90.0})
+    assert window.tokens_per_second() == pytest.approx(50.0)
+    assert window.elapsed() == pytest.approx(22.0)
+    # Without a SIGCONT a slow step is slow.
+    clock[0] += 22.0
+    window.add({"num_tokens": 100.0, "source_tokens": 90.0})
+    assert window.tokens_per_second() == pytest.approx(1200.0 / 44.0)
 
 
 @pytest.mark.slow

@@ -132,7 +132,7 @@ def _window_summary(window: LogWindow) -> Dict[str, float]:
     out.update({
         "grad_norm": window.mean_grad_norm(),
         "tokens_per_second": window.tokens_per_second(),
-        "target_tokens_per_second": sums["num_tokens"] / window.elapsed(),
+        "target_tokens_per_second": window.rate("num_tokens"),
     })
     return out
 
