@@ -73,7 +73,7 @@ def test_the_multi30k_suite_resolves_every_run():
     suite = load_suite(find_suite(SUITE))
     runs = planned_runs(suite)
     names = [r.name for r in runs]
-    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 32
+    assert names[0] == "baseline" and "deep_post-seed2" in names and len(names) == 33
     for system in ("deep_post", "deep_post_transparent", "deep_post_deepnorm",
                    "deep_post_deepnorm_lr1e-3", "deep_post_admin"):  # three seeds (issue 35)
         assert [n for n in names if n.startswith(system + "-")] == [
@@ -112,6 +112,14 @@ def test_the_multi30k_suite_resolves_every_run():
     b16k, baseline = (config_to_dict(configs[n]) for n in ("baseline_b16k", "baseline"))
     assert [c["training"].pop("batch_tokens") for c in (b16k, baseline)] == [16384, 8192]
     assert b16k == baseline
+    # The anchor's batch with the larger vocabulary differs from baseline_b16k in its
+    # vocabulary only.
+    both = config_to_dict(configs["baseline_b16k_vocab10k"])
+    assert (both["data"].pop("vocab_size"), both["data"].pop("vocab_min_count")) == (10000, 3)
+    b16k["training"]["batch_tokens"] = 16384
+    for key in ("vocab_size", "vocab_min_count"):
+        b16k["data"].pop(key)
+    assert both == b16k
     # And so does its deep pre-norm run from deep_pre.
     deep_b16k, deep = (config_to_dict(configs[n]) for n in ("deep_pre_b16k", "deep_pre"))
     assert [c["training"].pop("batch_tokens") for c in (deep_b16k, deep)] == [16384, 8192]
