@@ -208,9 +208,10 @@ def _read_measurements(path: str) -> Dict:
 @functools.lru_cache(maxsize=None)
 def bfloat16_matmul_speedup(cache_dir: Optional[str] = None) -> float:
     """How many times float32's rate this CPU's bfloat16 matmul runs (oneDNN, the plain graph):
-    measured once per CPU (:func:`cpu_feature_key`; under a second, BENCHMARKS.md) and kept in
-    ``CACHE_DIR/bfloat16_speedup.json`` (default :func:`cache_home`) with both rates and
-    the time, so that later runs on the same kind of CPU read it back.  A cache that cannot be
+    measured once per CPU (:func:`cpu_feature_key`; about a second once TensorFlow has
+    started, BENCHMARKS.md) and kept in ``CACHE_DIR/bfloat16_speedup.json`` (default
+    :func:`cache_home`) with both rates and the time, so that later runs on the same kind of
+    CPU read it back.  A cache that cannot be
     read is measured over; one that cannot be written is only logged."""
     path = os.path.join(cache_dir or cache_home(), _CACHE_FILE)
     key = cpu_feature_key()
