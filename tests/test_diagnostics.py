@@ -29,12 +29,14 @@ def _batch(batch):
 # --------------------------------------------------------------------------------------------
 
 
-def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path):
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path, static_shapes):
     model = merge(NO_DROPOUT, stacks(encoder={"num_layers": 3}))
     batches = make_batches(3, batch_size=8, seed=3)
     cls = make_trainer_class(batches)
     runner = Runner(tiny_config(model, train_steps=7, grad_norm_ratio_every=3, log_every=7,
-                                checkpoint_every=7), str(tmp_path / "k3"), trainer=cls)
+                                checkpoint_every=7, static_shapes=static_shapes),
+                    str(tmp_path / "k3"), trainer=cls)
     trainer = runner.trainer
     expected, logs = {}, {}
 
@@ -56,10 +58,14 @@ def test_grad_norm_ratio_only_every_k_steps_and_equal_to_a_direct_tape(tmp_path)
             np.testing.assert_allclose(logs[step][key], expected[step][key], rtol=1e-4,
                                        err_msg=f"{key} at step {step}")
         assert logs[step]["grad_norm_ratio"] > 0
-    # Two traced step functions (with and without the diagnostic), each traced once.
-    step_fn = trainer._train_step_fn
-    if hasattr(step_fn, "experimental_get_tracing_count"):
-        assert step_fn.experimental_get_tracing_count() == 2
+    if static_shapes:
+        # Every update takes the diagnostic step (reported on the ratio's updates only):
+        # one trace per batch shape, not two.
+        shapes = {tuple(b[k].shape for k in sorted(b)) for b in batches}
+        assert trainer._update_fn.experimental_get_tracing_count() == len(shapes)
+    else:
+        # Two traced step functions (with and without the diagnostic), each traced once.
+        assert trainer._train_step_fn.experimental_get_tracing_count() == 2
 
     # (That a diagnostic step applies the same update as a plain one is checked in
     # test_training_trainer.py.)

@@ -22,6 +22,9 @@ from test_training_tool import TINY
     (("--mode=decode", "--route=fit"), "--route and --skip_non_finite apply to --mode=train"),
     (("--mode=train", "--route=fit", "--unknown_shapes"),
      "--unknown_shapes applies to --route=loop"),
+    (("--mode=decode", "--diagnostics"), "--diagnostics applies to --mode=train --route=loop"),
+    (("--mode=train", "--route=fit", "--diagnostics"),
+     "--diagnostics applies to --mode=train --route=loop"),
 ])
 def test_flags_of_the_other_mode_are_refused(args, message):
     proc = run_tool("benchmark", "--config=small", *args)
@@ -30,16 +33,17 @@ def test_flags_of_the_other_mode_are_refused(args, message):
     assert "tokens_per_s" not in proc.stdout
 
 
-def test_tiny_training_benchmark_reports_its_precision(tmp_path):
+def test_tiny_training_benchmark_reports_its_precision_and_step(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({"model": TINY["model"]}))  # the benchmark sets the rest
     out = tmp_path / "results.jsonl"
     proc = run_tool("benchmark", "--mode=train", f"--config={config}", "--steps=1",
                     "--repeats=1", "--warmup=1", "--override=training.precision=mixed_bfloat16",
-                    f"--output={out}")
+                    "--diagnostics", f"--output={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [result] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["precision"] == "mixed_bfloat16"
+    assert result["diagnostics"] is True  # the grad-norm ratio's step, on every step
     assert result["tokens_per_s"] > 0 and result["step_s"] > 0
     # 64 sentences x (32 + 32) tokens per step, the peer harness's batch.
     assert result["batch"] == [64, 32, 32]

@@ -23,7 +23,9 @@ comma-separated; each prints one JSON line, and the last line is a JSON list of 
 Training honours ``training.precision`` (``--override=training.precision=mixed_bfloat16``); each
 line carries ``train_flops_per_step`` (the peer harness's count), from which BENCHMARKS.md
 derives the MFU; ``--unknown_shapes`` gives the step the ``[None, None]`` batches of a run
-without ``training.static_shapes``.
+without ``training.static_shapes``; ``--diagnostics`` computes the grad-norm ratio on every
+step (its cost: a ``training.static_shapes`` run with ``training.grad_norm_ratio_every`` takes
+that step at every update).
 
 Decoding (``--mode=decode``, :func:`deep_nmt_tf.benchmark.decoding.benchmark_decode`): generated
 tokens/s of greedy and beam search with random weights at the peer benchmarks' shapes (batch
@@ -100,6 +102,8 @@ define_flags([
     (flags.DEFINE_bool, "unknown_shapes", False,
      "Training: give the step batches of unknown static shape ([None, None]), as a real run's "
      "length-bucketed input does, instead of the fixed [64, 32] batches."),
+    (flags.DEFINE_bool, "diagnostics", False,
+     "Training: compute the grad-norm ratio (Bapna et al.'s r_t) on every timed step."),
     PRECISION_FLAG,
 ])
 
@@ -146,6 +150,9 @@ def _check_mode_flags():
     if FLAGS.route == "fit" and FLAGS.unknown_shapes:
         raise app.UsageError("--unknown_shapes applies to --route=loop (fit pads each batch "
                              "to static shapes)")
+    if FLAGS.diagnostics and (FLAGS.mode != "train" or FLAGS.route == "fit"):
+        raise app.UsageError("--diagnostics applies to --mode=train --route=loop (the custom "
+                             "loop's grad-norm ratio)")
     if FLAGS.mode == "train" and FLAGS.precision not in (None, "float32"):
         raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
                              "train in reduced precision with "
@@ -211,7 +218,7 @@ def main(argv):
             overrides=list(FLAGS.override), steps=FLAGS.steps, repeats=FLAGS.repeats,
             warmup=FLAGS.warmup, jit_compile=FLAGS.jit_compile, threads=FLAGS.threads,
             unknown_shapes=FLAGS.unknown_shapes, route=FLAGS.route,
-            skip_non_finite=FLAGS.skip_non_finite)
+            skip_non_finite=FLAGS.skip_non_finite, diagnostics=FLAGS.diagnostics)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     except RuntimeError as e:

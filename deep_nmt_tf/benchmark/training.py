@@ -113,7 +113,8 @@ def _time_fit(config, steps: int, repeats: int, warmup: int, skip_non_finite: bo
 def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, repeats: int = 3,
                     warmup: int = 2, jit_compile: bool = False, threads: int = 0,
                     unknown_shapes: bool = False, route: str = "loop",
-                    skip_non_finite: bool = True) -> Dict[str, object]:
+                    skip_non_finite: bool = True, diagnostics: bool = False
+                    ) -> Dict[str, object]:
     """Times training steps of one configuration in this process (module docstring).
 
     Args:
@@ -127,6 +128,10 @@ def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, re
       route: ``loop`` (the custom loop's trainer) or ``fit`` (module docstring).
       skip_non_finite: ``fit``: with :class:`~deep_nmt_tf.task.skipping.SkipNonFiniteUpdates`
         (False: the bare Adam).
+      diagnostics: ``loop``: every step also computes Bapna et al.'s grad-norm ratio (the
+        step a run with ``training.grad_norm_ratio_every`` takes at those updates, and with
+        ``training.static_shapes`` at every update); the model must return its encoder
+        layer outputs.
 
     Returns:
       ``tokens_per_s`` (median), ``tokens_per_s_repeats``, ``step_s``, ``peak_rss_mib`` (and
@@ -155,7 +160,8 @@ def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, re
         params, times, optimizer = _time_fit(config, steps, repeats, warmup, skip_non_finite)
         extra = {"route": "fit", "backend": keras.backend.backend(), "optimizer": optimizer}
     else:
-        params, times = _time_loop(config, steps, repeats, warmup, unknown_shapes)
+        params, times = _time_loop(config, steps, repeats, warmup, unknown_shapes, diagnostics)
+        extra = {"diagnostics": diagnostics}
     tokens = steps * BATCH * (SRC_LEN + TGT_LEN)
     rates = [tokens / t for t in times]
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -175,8 +181,10 @@ def benchmark_train(name: str, overrides: Sequence[str] = (), steps: int = 5, re
     }
 
 
-def _time_loop(config, steps: int, repeats: int, warmup: int, unknown_shapes: bool):
-    """``(parameters, [seconds per repeat])`` of the custom loop's ``train_step``."""
+def _time_loop(config, steps: int, repeats: int, warmup: int, unknown_shapes: bool,
+               diagnostics: bool = False):
+    """``(parameters, [seconds per repeat])`` of the custom loop's ``train_step`` (with
+    ``diagnostics``: with the grad-norm ratio on every step)."""
     import numpy as np
 
     from deep_nmt_tf.training import Runner
@@ -187,12 +195,13 @@ def _time_loop(config, steps: int, repeats: int, warmup: int, unknown_shapes: bo
         params = int(sum(np.prod(v.shape) for v in trainer.model.trainable_variables))
         iterator = runner.make_train_iterator()
         for _ in range(warmup):
-            float(trainer.train_step(iterator)["loss_sum"])
+            float(trainer.train_step(iterator, diagnostics)["loss_sum"])
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             for _ in range(steps):
-                float(trainer.train_step(iterator)["loss_sum"])  # synchronise every step
+                # Synchronised every step.
+                float(trainer.train_step(iterator, diagnostics)["loss_sum"])
             times.append(time.perf_counter() - start)
     return params, times
 

@@ -270,7 +270,11 @@ class TrainingConfig:
     eval_bleu: bool = field(True, "Compute dev BLEU (greedy decoding) at each evaluation.",
                             affects_results=False)
     grad_norm_ratio_every: int = field(0, "Steps between grad-norm-ratio diagnostics (0 = "
-                                       "off).", min=0, affects_results=False)
+                                       "off). With static_shapes every update takes the "
+                                       "ratio's step (the same update, one trace per batch "
+                                       "shape; no cost above noise: BENCHMARKS.md) and the "
+                                       "ratio is reported every this many steps.", min=0,
+                                       affects_results=False)
     diagnostics_every: int = field(0, "Steps between the TensorBoard heatmaps of the mixing "
                                    "weights (transparent attention, DLCL) and the mean "
                                    "lexical-shortcut gates on a fixed batch (0: every "

@@ -57,6 +57,7 @@ from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.task import LossSums, TranslationTask, build_optimizer
 from deep_nmt_tf.training import optimizers, precision
+from deep_nmt_tf.training.diagnostics import RATIO_KEYS
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
 from deep_nmt_tf.training.gradient_transforms import TRANSFORM_ITEM_PREFIX
@@ -198,6 +199,10 @@ class Trainer:
         # training.static_shapes: micro-batches taken from the iterator eagerly, each one call
         # of a function traced once per batch shape (bucket bound), retracing unreported.
         self._per_shape = t.static_shapes
+        # ... and with the grad-norm ratio, every update takes the diagnostic step (the same
+        # update; its two extra squared norms are cheap: BENCHMARKS.md), reported only on the
+        # ratio's updates: one trace per shape instead of two, each holding its own memory.
+        self._diagnose_always = t.static_shapes and bool(t.grad_norm_ratio_every)
         if self._per_shape:
             _quiet_expected_retracing("Trainer._update_batch", "Trainer._accumulate_batch")
         self._accumulate_fn = tf.function(self._accumulate_batch)
@@ -425,9 +430,14 @@ class Trainer:
         diagnostics = bool(diagnostics)
         if not self._per_shape:
             return self._train_step_fn(iterator, diagnostics)
+        traced = diagnostics or self._diagnose_always
         for _ in range(self.accumulation_steps - 1):
-            self._accumulate_fn(next(iterator), diagnostics)
-        return self._update_fn(next(iterator), diagnostics)
+            self._accumulate_fn(next(iterator), traced)
+        out = self._update_fn(next(iterator), traced)
+        if not diagnostics:
+            for key in RATIO_KEYS:
+                out.pop(key, None)
+        return out
 
     # ------------------------------------------------------------------------------------
     # Data distribution
