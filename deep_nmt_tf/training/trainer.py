@@ -57,9 +57,9 @@ from deep_nmt_tf.config import Config, ConfigError
 from deep_nmt_tf.run_dir import RunDir
 from deep_nmt_tf.task import LossSums, TranslationTask, build_optimizer
 from deep_nmt_tf.training import optimizers, precision
-from deep_nmt_tf.training.diagnostics import RATIO_KEYS
 from deep_nmt_tf.training import warm_start as warm_start_lib
 from deep_nmt_tf.training.adaptive_clipping import apply_gradients_if
+from deep_nmt_tf.training.diagnostics import RATIO_KEYS
 from deep_nmt_tf.training.gradient_transforms import TRANSFORM_ITEM_PREFIX
 from deep_nmt_tf.training.strategy import distributed_iterator, is_chief
 
@@ -416,7 +416,9 @@ class Trainer:
             training.runner.Runner.make_train_iterator`).
           diagnostics: also compute Bapna et al.'s grad-norm ratio
             ``||dL/dh_1|| / ||dL/dh_N||`` (first and top encoder layer outputs, over the
-            global batch); the update is the same either way.
+            global batch); the update is the same either way. With ``training.static_shapes``
+            and ``training.grad_norm_ratio_every`` every update computes it (one trace per
+            batch shape) and it is returned only when asked for.
 
         Returns:
           The update's metrics (float32 scalars): the sums ``loss_sum``, ``nll_sum``,
