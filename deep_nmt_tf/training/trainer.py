@@ -436,10 +436,7 @@ class Trainer:
         for _ in range(self.accumulation_steps - 1):
             self._accumulate_fn(next(iterator), traced)
         out = self._update_fn(next(iterator), traced)
-        if not diagnostics:
-            for key in RATIO_KEYS:
-                out.pop(key, None)
-        return out
+        return out if diagnostics else {k: v for k, v in out.items() if k not in RATIO_KEYS}
 
     # ------------------------------------------------------------------------------------
     # Data distribution
