@@ -11,10 +11,9 @@ import tensorflow as tf
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID
 from deep_nmt_tf.data import synthetic
-from deep_nmt_tf.data.text_io import DataError
+from deep_nmt_tf.data.text_io import DataError, sample_lines
 from deep_nmt_tf.data.vocab import (Tokenizer, build_vocab, count_words, load_vocab,
-                                    pretokenize, reattach_punctuation, sample_lines, vocab_size,
-                                    write_vocab)
+                                    pretokenize, reattach_punctuation, vocab_size, write_vocab)
 
 ENGLISH = [
     "Hello, world (really)!",

@@ -4,7 +4,6 @@ its special cases, its parameter count and its config round trip."""
 
 import numpy as np
 import pytest
-import keras
 
 from deep_nmt_tf.layers.dlcl import DynamicLinearCombination, dlcl_initial_weights, dlcl_mask
 from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import keras
 from keras import ops
 
 from deep_nmt_tf import layers

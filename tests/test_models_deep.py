@@ -12,7 +12,6 @@ import keras
 
 from deep_nmt_tf.config import ConfigError, load_config
 from deep_nmt_tf.layers.dlcl import dlcl_initial_weights
-from deep_nmt_tf.layers.lexical_shortcuts import LexicalShortcut
 from deep_nmt_tf.models import Seq2SeqModel, build_model
 from config_trees import config, merge, model_config, stacks, transformer
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import keras
 
-from deep_nmt_tf.models import Seq2SeqModel, TransformerEncoder, build_model
+from deep_nmt_tf.models import Seq2SeqModel, build_model
 from config_trees import merge, model_config, stacks, transformer
 from keras_test_utils import assert_config_roundtrip, assert_model_mixed_precision, to_numpy
 

@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 from test_training_helpers import run_tool
 

@@ -25,7 +25,6 @@ import yaml
 
 from deep_nmt_tf import run_lock, sizing
 from deep_nmt_tf.config import config_from_dict, load_config
-from deep_nmt_tf.run_dir import RunDir
 from test_robustness import RUN, _digest, _messages, _tool, _write, robustness_run
 
 from deep_nmt_tf.tools import average_checkpoints as average_tool  # noqa: E402

@@ -210,8 +210,8 @@ def average_checkpoints(model_dir: str, output_dir: str, last: int = 5,
     raise DiskFullError(
         output_dir, free_bytes(output_dir), None,
         f"the average of {len(checkpoints)} checkpoints ({os.path.basename(prefix)})",
-        f"nothing of it was kept, and the averaged checkpoints are intact: free space and "
-        f"rerun") from None
+        "nothing of it was kept, and the averaged checkpoints are intact: free space and "
+        "rerun") from None
 
 
 def _write_average(source: RunDir, target: RunDir, config, model, checkpoints: Sequence[str],

@@ -39,7 +39,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-from typing import Iterable, List, Mapping, Optional, Sequence, Union
+from typing import List, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -48,7 +48,7 @@ from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_li
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID, RESERVED_TOKENS, UNK_ID, UNK_TOKEN
 from deep_nmt_tf.data.spm import learn_wordpiece
-from deep_nmt_tf.data.text_io import DataError, read_lines, sample_lines, sample_text
+from deep_nmt_tf.data.text_io import DataError, read_lines, sample_text
 
 __all__ = [
     "SUFFIX_INDICATOR",
