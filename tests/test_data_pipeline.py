@@ -185,6 +185,39 @@ def test_deterministic_given_seed(corpus, tokenizer, default_batches):
                or (a["source_ids"] != c["source_ids"]).any() for a, c in zip(first, other))
 
 
+def test_autotune_is_the_configs_choice_and_leaves_the_batches_alone(corpus, tokenizer,
+                                                                       default_batches):
+    """data.autotune (off by default) sets tf.data's autotuning model on the pipelines; the
+    batches are the same either way."""
+    config = _config(corpus)
+    assert config.data.autotune is False
+    on = dataclasses.replace(config, data=dataclasses.replace(config.data, autotune=True))
+    for cfg, want in ((config, False), (on, True)):
+        train = pipeline.make_train_dataset(cfg, tokenizer)
+        dev = pipeline.make_dev_dataset(cfg, tokenizer)
+        assert train.options().autotune.enabled is want
+        assert dev.options().autotune.enabled is want
+    for a, b in zip(default_batches[:3], _batches(pipeline.make_train_dataset(on, tokenizer), 3)):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_default_autotune_fills_in_only_an_unset_choice():
+    from deep_nmt_tf.training.strategy import distributed_iterator
+
+    assert pipeline.default_autotune(tf.data.Dataset.range(3), False).options(
+    ).autotune.enabled is False
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    own = tf.data.Dataset.range(3).with_options(options)
+    assert pipeline.default_autotune(own, False).options().autotune.enabled is True
+    # A trainer's own dataset gets the config's choice through the training iterator.
+    iterator = distributed_iterator(tf.distribute.get_strategy(),
+                                    lambda context: tf.data.Dataset.range(5), autotune=False)
+    assert iterator._dataset.options().autotune.enabled is False  # pylint: disable=protected-access
+    assert [int(x) for x in iterator] == list(range(5))
+
+
 def _rows(batches):
     return [tuple(row[row != PAD_ID]) for batch in batches for row in batch["source_ids"]]
 

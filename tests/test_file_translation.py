@@ -88,3 +88,24 @@ def test_file_benchmark_on_a_tiny_trained_run(tmp_path, tmp_path_factory):
         assert r["tokens_per_second"] > 0 and r["sentences_per_second"] > 0
         assert r["bleu"] == pytest.approx(bleu)
     assert format_file_results(result) in proc.stdout
+
+
+def test_pipeline_benchmark_on_a_tiny_trained_run(tmp_path_factory):
+    """deep-nmt-benchmark --mode=pipeline: the run's training pipeline, timed, with overrides;
+    its tokens are the run's batches' non-padding tokens (the same for either autotune)."""
+    from deep_nmt_tf.benchmark.pipeline import format_pipeline_result
+    from test_decoding_helpers import trained_model_dir
+    from test_training_helpers import run_tool
+
+    model_dir = trained_model_dir(tmp_path_factory)
+    results = []
+    for override in ("data.autotune=false", "data.autotune=true"):
+        proc = run_tool("benchmark", "--mode=pipeline", f"--model_dir={model_dir}", "--steps=4",
+                        "--repeats=1", "--warmup=1", f"--override={override}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        assert format_pipeline_result(results[-1]) in proc.stdout
+    assert [r["autotune"] for r in results] == [False, True]
+    assert results[0]["tokens"] == results[1]["tokens"] > 0
+    for r in results:
+        assert r["tokens_per_s"] > 0 and r["tokens_per_cpu_s"] > 0 and r["batches"] == 4

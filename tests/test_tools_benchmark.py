@@ -23,6 +23,11 @@ from test_training_tool import TINY
     (("--mode=train", "--route=fit", "--unknown_shapes"),
      "--unknown_shapes applies to --route=loop"),
     (("--mode=decode", "--diagnostics"), "--diagnostics applies to --mode=train --route=loop"),
+    (("--mode=pipeline",), "--mode=pipeline needs --model_dir"),
+    (("--mode=pipeline", "--model_dir=runs/x", "--precision=bfloat16"),
+     "--config, --precision: not used with --mode=pipeline"),
+    (("--mode=train", "--model_dir=runs/x"),
+     "--model_dir: only used with --mode=decode_file (--model_dir also with --mode=pipeline)"),
     (("--mode=train", "--route=fit", "--diagnostics"),
      "--diagnostics applies to --mode=train --route=loop"),
 ])

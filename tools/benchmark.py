@@ -55,6 +55,15 @@ whole file (median of ``--repeats`` passes after one that compiles) and BLEU aga
     deep-nmt-benchmark --mode=decode_file --model_dir=runs/multi30k --input=test2016.en \
         --reference=test2016.de [--checkpoint=...] [--repeats=3]
 
+The training input pipeline alone (``--mode=pipeline``,
+:func:`deep_nmt_tf.benchmark.pipeline.benchmark_pipeline`): a run directory's training
+``tf.data`` pipeline (its config, corpora and vocabulary, with ``--override``), source+target
+tokens per wall second and per CPU second over ``--steps`` batches (median of ``--repeats``,
+after ``--warmup`` batches)::
+
+    deep-nmt-benchmark --mode=pipeline --model_dir=runs/multi30k/runs/baseline-seed1 \
+        --steps=300 --repeats=2 [--override=data.autotune=true]
+
 ``--output=FILE`` also appends each result as a JSON line naming the machine.
 """
 
@@ -72,7 +81,8 @@ from deep_nmt_tf.cli import PRECISION_FLAG, define_flags
 FLAGS = flags.FLAGS
 
 define_flags([
-    (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops", "decode_file"],
+    (flags.DEFINE_enum, "mode", "train", ["train", "decode", "step_ops", "decode_file",
+                                             "pipeline"],
      "What to measure."),
     (flags.DEFINE_enum, "route", "loop", ["loop", "fit"],
      "--mode=train: the custom loop's training step, or compile/fit's (on the current Keras "
@@ -80,7 +90,8 @@ define_flags([
     (flags.DEFINE_bool, "skip_non_finite", True,
      "--mode=train --route=fit: the optimizer skips non-finite updates (false: the bare "
      "Adam, to measure what skipping costs)."),
-    (flags.DEFINE_string, "model_dir", None, "--mode=decode_file: the trained run."),
+    (flags.DEFINE_string, "model_dir", None, "--mode=decode_file or pipeline: the run "
+                                             "directory."),
     (flags.DEFINE_string, "checkpoint", None, "--mode=decode_file: the checkpoint (default: "
                                               "the run's latest)."),
     (flags.DEFINE_string, "input", None, "--mode=decode_file: the source text file."),
@@ -90,10 +101,12 @@ define_flags([
                                           f"{','.join(DEFAULT_CONFIGS)})."),
     (flags.DEFINE_multi_string, "override", [],
      "Config overrides KEY=VALUE applied to each training config (--mode=train) or to the "
-     "run's config (--mode=decode_file)."),
-    (flags.DEFINE_integer, "steps", 5, "Timed training steps per repeat."),
+     "run's config (--mode=decode_file, pipeline)."),
+    (flags.DEFINE_integer, "steps", 5, "Timed training steps per repeat (--mode=pipeline: "
+                                       "batches)."),
     (flags.DEFINE_integer, "repeats", 3, "Timed repeats (the median is reported)."),
-    (flags.DEFINE_integer, "warmup", 2, "Untimed warm-up steps (tracing and first runs)."),
+    (flags.DEFINE_integer, "warmup", 2, "Untimed warm-up steps (tracing and first runs; "
+                                        "--mode=pipeline: batches)."),
     (flags.DEFINE_bool, "jit_compile", False,
      "Compile with XLA: the training step, or the search with --mode=decode (--mode="
      "decode_file: unless given, the translation tools' choice for this machine)."),
@@ -132,6 +145,15 @@ _FILE_FLAGS = ("model_dir", "checkpoint", "input", "reference")
 
 def _check_mode_flags():
     """Refuses a flag the chosen ``--mode`` would silently ignore."""
+    if FLAGS.mode == "pipeline":
+        if not FLAGS.model_dir:
+            raise app.UsageError("--mode=pipeline needs --model_dir (a run directory)")
+        given = [f"--{name}" for name in ("config", "checkpoint", "input", "reference",
+                                          "precision", "jit_compile", "route", "diagnostics")
+                 if FLAGS[name].present]
+        if given:
+            raise app.UsageError(f"{', '.join(given)}: not used with --mode=pipeline")
+        return
     if FLAGS.mode == "decode_file":
         if not FLAGS.model_dir or not FLAGS.input:
             raise app.UsageError("--mode=decode_file needs --model_dir and --input")
@@ -141,7 +163,8 @@ def _check_mode_flags():
         return
     given = [f"--{name}" for name in _FILE_FLAGS if FLAGS[name].present]
     if given:
-        raise app.UsageError(f"{', '.join(given)}: only used with --mode=decode_file")
+        also = " (--model_dir also with --mode=pipeline)" if FLAGS.model_dir else ""
+        raise app.UsageError(f"{', '.join(given)}: only used with --mode=decode_file{also}")
     if FLAGS.mode in ("decode", "step_ops") and FLAGS.override:
         raise app.UsageError(f"--override applies to --mode=train only (--mode={FLAGS.mode} "
                              "measures the presets' or the files' shapes)")
@@ -157,6 +180,33 @@ def _check_mode_flags():
         raise app.UsageError(f"--precision={FLAGS.precision} applies to --mode=decode only; "
                              "train in reduced precision with "
                              "--override=training.precision=mixed_bfloat16 (or mixed_float16)")
+
+
+def _run_dir_mode():
+    """--mode=pipeline or decode_file: one result of a run directory, printed and recorded."""
+    from deep_nmt_tf.benchmark import decoding, pipeline
+    from deep_nmt_tf.config import ConfigError
+    from deep_nmt_tf.data.text_io import DataError
+
+    try:  # (decode_file: the settings chosen, and why, are in the printed line and the JSON)
+        if FLAGS.mode == "pipeline":
+            result = pipeline.benchmark_pipeline(FLAGS.model_dir, FLAGS.override,
+                                                 batches=FLAGS.steps, repeats=FLAGS.repeats,
+                                                 warmup=FLAGS.warmup)
+            line = pipeline.format_pipeline_result(result)
+        else:
+            jit = FLAGS.jit_compile if FLAGS["jit_compile"].present else None
+            result = decoding.benchmark_file(FLAGS.model_dir, FLAGS.input, FLAGS.reference,
+                                             checkpoint=FLAGS.checkpoint,
+                                             overrides=FLAGS.override,
+                                             precision=FLAGS.precision, jit_compile=jit,
+                                             repeats=FLAGS.repeats)
+            line = decoding.format_file_results(result)
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"benchmark: error: {e}") from None
+    print(line, flush=True)
+    print(json.dumps(result), flush=True)
+    _append_json([result])
 
 
 def main(argv):
@@ -176,23 +226,8 @@ def main(argv):
             print(json.dumps(results[-1]), flush=True)
         _append_json(results)
         return
-    if FLAGS.mode == "decode_file":
-        from deep_nmt_tf.benchmark.decoding import benchmark_file, format_file_results
-        from deep_nmt_tf.config import ConfigError
-        from deep_nmt_tf.data.text_io import DataError
-
-        try:  # (the settings chosen, and why, are in the printed line and the JSON)
-            result = benchmark_file(FLAGS.model_dir, FLAGS.input, FLAGS.reference,
-                                    checkpoint=FLAGS.checkpoint, overrides=FLAGS.override,
-                                    precision=FLAGS.precision,
-                                    jit_compile=(FLAGS.jit_compile if FLAGS["jit_compile"].present
-                                                 else None),
-                                    repeats=FLAGS.repeats)
-        except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
-            raise SystemExit(f"benchmark: error: {e}") from None
-        print(format_file_results(result), flush=True)
-        print(json.dumps(result), flush=True)
-        _append_json([result])
+    if FLAGS.mode in ("pipeline", "decode_file"):
+        _run_dir_mode()
         return
     if FLAGS.mode == "decode":
         from deep_nmt_tf.benchmark.decoding import benchmark_decode, format_results

@@ -5,7 +5,9 @@
   memory of the real trainer's steps) and :func:`~deep_nmt_tf.benchmark.training.
   benchmark_configs` (each configuration in a process of its own);
 * :mod:`.decoding`: :func:`~deep_nmt_tf.benchmark.decoding.benchmark_decode` (generated
-  tokens/s of greedy and beam search, in process and through a SavedModel).
+  tokens/s of greedy and beam search, in process and through a SavedModel);
+* :mod:`.pipeline`: :func:`~deep_nmt_tf.benchmark.pipeline.benchmark_pipeline` (a run's
+  training ``tf.data`` pipeline alone: tokens per wall and per CPU second).
 
 ``tools/benchmark.py`` only parses the flags for these functions and prints their results.
 Nothing in the core package imports this one (a test checks).

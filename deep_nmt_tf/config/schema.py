@@ -185,6 +185,15 @@ class DataConfig:
     max_target_length: int = field(128, "Drop training pairs with longer target (tokens).",
                                    min=1)
     shuffle_buffer: int = field(100000, "Examples in the shuffle buffer.", min=1)
+    autotune: bool = field(False, "tf.data's autotuning model for the pipelines' parallel "
+                           "map and prefetch (``tf.data.Options().autotune.enabled``), and for a "
+                           "custom trainer's datasets that do not set it. Off, the parallel "
+                           "maps run min(16, CPU cores) calls: on 2 cores the training pipeline "
+                           "then spent 20-30% less CPU per token (deep-nmt-benchmark "
+                           "--mode=pipeline), and with the model on (TensorFlow 2.21) deleting an "
+                           "iterator that sat idle waits for the model thread's next wake-up, "
+                           "up to a minute (BENCHMARKS.md). The batches are the same either "
+                           "way.", affects_results=False)
     num_buckets: int = field(16, "Length buckets for token-based batching.", min=1)
     max_dev_sentences: int = field(0, "Use at most this many dev pairs (0 = all).", min=0)
     length_stats_sample_size: int = field(100000, "Count the training pairs over the length "

@@ -40,6 +40,7 @@ _LAZY = {
     "distribute_train_dataset": "pipeline",
     "make_eval_dataset": "pipeline",
     "make_dev_dataset": "pipeline",
+    "default_autotune": "pipeline",
     "TokenIds": "token_ids",
     "Detokenizer": "token_ids",
     "TokenBatches": "batching",
@@ -69,6 +70,7 @@ __all__ = [
     "distribute_train_dataset",
     "make_eval_dataset",
     "make_dev_dataset",
+    "default_autotune",
     # Lazy (no TensorFlow):
     "TokenIds",
     "Detokenizer",

@@ -49,6 +49,7 @@ __all__ = [
     "distribute_train_dataset",
     "make_eval_dataset",
     "make_dev_dataset",
+    "default_autotune",
     "prepare_data",
     "training_files",
 ]
@@ -98,10 +99,25 @@ def _encode(tokenizer: Tokenizer, source, target, max_source_length: Optional[in
     }
 
 
-def _options() -> tf.data.Options:
+def _options(data) -> tf.data.Options:
     options = tf.data.Options()
     options.deterministic = True  # Reproducible order even with parallel map calls.
+    options.autotune.enabled = data.autotune  # Off: no model thread (see the config key).
     return options
+
+
+def default_autotune(dataset: tf.data.Dataset, enabled: bool) -> tf.data.Dataset:
+    """``dataset`` with tf.data's autotuning model set to ``enabled`` (``data.autotune``)
+    unless the dataset sets it itself.
+
+    The runner applies it to the datasets a trainer builds (its own pipelines set it already),
+    so a custom trainer's ``tf.data`` pipeline gets the config's choice too.
+    """
+    if dataset.options().autotune.enabled is not None:
+        return dataset
+    options = tf.data.Options()
+    options.autotune.enabled = bool(enabled)
+    return dataset.with_options(options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +201,7 @@ def make_train_dataset(config, tokenizer: Tokenizer,
         bucket_boundaries=[b + 1 for b in bounds],
         bucket_batch_sizes=sizes + [batch_size_multiple],  # Last bucket: never used.
         pad_to_bucket_boundary=training.jit_compile or training.static_shapes)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(data))
 
 
 def train_dataset_fn(config, tokenizer: Tokenizer
@@ -277,7 +293,7 @@ def make_eval_dataset(config, tokenizer: Tokenizer, source_path: str, target_pat
     if max_sentences > 0:
         ds = ds.take(max_sentences)
     ds = ds.batch(batch_size).map(encode, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options())
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config.data))
 
 
 def make_dev_dataset(config, tokenizer: Tokenizer, batch_size: Optional[int] = None,

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from deep_nmt_tf.data.pipeline import default_autotune
 from deep_nmt_tf.decoding.scoring import corpus_bleu
 from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.task import per_token_metrics
@@ -82,6 +83,7 @@ class Evaluator:
         dataset = trainer.build_eval_dataset()
         if dataset is None:
             return {}, {}
+        dataset = default_autotune(dataset, trainer.config.data.autotune)
         totals = np.zeros(4)
         hypotheses: List[str] = []
         references: List[str] = []
@@ -169,7 +171,7 @@ class DiagnosticsWriter:
             dataset = trainer.build_eval_dataset()
             if dataset is None:
                 dataset = trainer.build_train_dataset(None)
-            batch = next(iter(dataset))
+            batch = next(iter(default_autotune(dataset, trainer.config.data.autotune)))
             self._batch = {k: tf.cast(batch[k], tf.int32)
                            for k in ("source_ids", "target_input_ids")}
             self._gates_fn = tf.function(

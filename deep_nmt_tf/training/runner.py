@@ -347,7 +347,9 @@ class Runner:
             tf.train.Checkpoint(data_iterator=iterator).restore(latest).expect_partial()
         except (tf.errors.OpError, ValueError, AssertionError) as e:
             logging.warning("Cannot restore the training data iterator from %s (%s); re-reading "
-                            "the consumed batches instead", latest, str(e).splitlines()[0])
+                            "the consumed batches instead (the pipeline differs from the one "
+                            "saved: its corpora, or data.autotune)", latest,
+                            str(e).splitlines()[0])
             return None
         logging.info("Restored the training data iterator from %s", latest)
         return iterator

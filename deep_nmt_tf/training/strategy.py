@@ -85,12 +85,16 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 def distributed_iterator(strategy: tf.distribute.Strategy,
                          build_dataset: Callable[[tf.distribute.InputContext], tf.data.Dataset],
-                         skip: int = 0):
+                         skip: int = 0, autotune: Optional[bool] = None):
     """An iterator over ``build_dataset``'s data distributed by ``strategy`` (one pipeline per
-    worker), after dropping the first ``skip`` micro-batches of every replica."""
+    worker), after dropping the first ``skip`` micro-batches of every replica; ``autotune``
+    (``data.autotune``) applies to a dataset that does not set tf.data's autotuning itself."""
+    from deep_nmt_tf.data.pipeline import default_autotune
 
     def dataset_fn(input_context):
         dataset = build_dataset(input_context)
+        if autotune is not None:
+            dataset = default_autotune(dataset, autotune)
         if skip:
             per_pipeline = (input_context.num_replicas_in_sync //
                             max(input_context.num_input_pipelines, 1))

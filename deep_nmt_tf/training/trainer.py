@@ -445,4 +445,5 @@ class Trainer:
     def distributed_iterator(self, skip: int = 0):
         """An iterator over the training data distributed by the strategy (one pipeline per
         worker), after dropping the first ``skip`` micro-batches."""
-        return distributed_iterator(self.strategy, self.build_train_dataset, skip)
+        return distributed_iterator(self.strategy, self.build_train_dataset, skip,
+                                    autotune=self.config.data.autotune)
