@@ -117,3 +117,16 @@ def test_train_tool_then_exact_resume_in_process(tmp_path, tmp_path_factory):
     assert int(resumed.data_position.numpy()) == int(straight.data_position.numpy()) == 8
     for a, b in zip(weights(resumed), weights(straight)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+    # Resumed under the other data.autotune, the saved iterator does not restore (another
+    # pipeline graph): the consumed batches are read again, and the run is the same.
+    other_dir = str(tmp_path / "other_autotune")
+    shutil.copytree(proc["model_dir"], other_dir)
+    runner = Runner(load_config(config_path, overrides + ["data.autotune=true"]), other_dir,
+                    checkpoint_iterator=True)
+    with captured_logs() as messages:
+        runner.run()
+    assert any("re-reading the consumed batches instead" in m and "data.autotune" in m
+               for m in messages), messages
+    for a, b in zip(weights(runner.trainer), weights(straight)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
