@@ -205,12 +205,13 @@ def test_autotune_is_the_configs_choice_and_leaves_the_batches_alone(corpus, tok
 def test_default_autotune_fills_in_only_an_unset_choice():
     from deep_nmt_tf.training.strategy import distributed_iterator
 
-    assert pipeline.default_autotune(tf.data.Dataset.range(3), False).options(
-    ).autotune.enabled is False
+    from deep_nmt_tf.data.options import default_autotune
+
+    assert default_autotune(tf.data.Dataset.range(3), False).options().autotune.enabled is False
     options = tf.data.Options()
     options.autotune.enabled = True
     own = tf.data.Dataset.range(3).with_options(options)
-    assert pipeline.default_autotune(own, False).options().autotune.enabled is True
+    assert default_autotune(own, False).options().autotune.enabled is True
     # A trainer's own dataset gets the config's choice through the training iterator.
     iterator = distributed_iterator(tf.distribute.get_strategy(),
                                     lambda context: tf.data.Dataset.range(5), autotune=False)

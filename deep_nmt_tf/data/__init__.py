@@ -10,6 +10,8 @@ Modules:
     ``data.tokenizer`` names).
   preparation: ``prepare_data`` (corpus checks, tokenizer file, per-corpus length counts).
   pipeline: ``prepare_data``, ``make_train_dataset``, ``make_eval_dataset`` ...
+  options: the pipelines' ``tf.data`` options and ``default_autotune`` (``data.autotune`` for
+    a dataset built elsewhere).
   token_ids: token-id files (``TokenIds``, written by ``deep-nmt-preprocess``) and the
     pure-Python ``Detokenizer``.
   batching: ``TokenBatches`` / ``EvalBatches``, the pipeline's token batching as
@@ -40,7 +42,7 @@ _LAZY = {
     "distribute_train_dataset": "pipeline",
     "make_eval_dataset": "pipeline",
     "make_dev_dataset": "pipeline",
-    "default_autotune": "pipeline",
+    "default_autotune": "options",
     "TokenIds": "token_ids",
     "Detokenizer": "token_ids",
     "TokenBatches": "batching",

@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from deep_nmt_tf.constants import BOS_ID, EOS_ID, PAD_ID
 from deep_nmt_tf.data.batching import bucket_batch_sizes, bucket_upper_bounds
+from deep_nmt_tf.data.options import pipeline_options
 from deep_nmt_tf.data.preparation import (LengthStats, check_lengths, length_stats,
                                           prepare_data, training_files)
 from deep_nmt_tf.data.text_io import DataError
@@ -49,7 +50,6 @@ __all__ = [
     "distribute_train_dataset",
     "make_eval_dataset",
     "make_dev_dataset",
-    "default_autotune",
     "prepare_data",
     "training_files",
 ]
@@ -97,27 +97,6 @@ def _encode(tokenizer: Tokenizer, source, target, max_source_length: Optional[in
         "target_input_ids": tf.concat([bos, tgt], axis=1),
         "target_output_ids": tf.concat([tgt, eos], axis=1),
     }
-
-
-def _options(data) -> tf.data.Options:
-    options = tf.data.Options()
-    options.deterministic = True  # Reproducible order even with parallel map calls.
-    options.autotune.enabled = data.autotune  # Off: no model thread (see the config key).
-    return options
-
-
-def default_autotune(dataset: tf.data.Dataset, enabled: bool) -> tf.data.Dataset:
-    """``dataset`` with tf.data's autotuning model set to ``enabled`` (``data.autotune``)
-    unless the dataset sets it itself.
-
-    The runner applies it to the datasets a trainer builds (its own pipelines set it already),
-    so a custom trainer's ``tf.data`` pipeline gets the config's choice too.
-    """
-    if dataset.options().autotune.enabled is not None:
-        return dataset
-    options = tf.data.Options()
-    options.autotune.enabled = bool(enabled)
-    return dataset.with_options(options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,7 +180,7 @@ def make_train_dataset(config, tokenizer: Tokenizer,
         bucket_boundaries=[b + 1 for b in bounds],
         bucket_batch_sizes=sizes + [batch_size_multiple],  # Last bucket: never used.
         pad_to_bucket_boundary=training.jit_compile or training.static_shapes)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(data))
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options(data))
 
 
 def train_dataset_fn(config, tokenizer: Tokenizer
@@ -293,7 +272,7 @@ def make_eval_dataset(config, tokenizer: Tokenizer, source_path: str, target_pat
     if max_sentences > 0:
         ds = ds.take(max_sentences)
     ds = ds.batch(batch_size).map(encode, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(_options(config.data))
+    return ds.prefetch(tf.data.AUTOTUNE).with_options(pipeline_options(config.data))
 
 
 def make_dev_dataset(config, tokenizer: Tokenizer, batch_size: Optional[int] = None,

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from deep_nmt_tf.data.pipeline import default_autotune
+from deep_nmt_tf.data.options import default_autotune
 from deep_nmt_tf.decoding.scoring import corpus_bleu
 from deep_nmt_tf.decoding.options import SearchOptions
 from deep_nmt_tf.task import per_token_metrics

@@ -89,7 +89,7 @@ def distributed_iterator(strategy: tf.distribute.Strategy,
     """An iterator over ``build_dataset``'s data distributed by ``strategy`` (one pipeline per
     worker), after dropping the first ``skip`` micro-batches of every replica; ``autotune``
     (``data.autotune``) applies to a dataset that does not set tf.data's autotuning itself."""
-    from deep_nmt_tf.data.pipeline import default_autotune
+    from deep_nmt_tf.data.options import default_autotune
 
     def dataset_fn(input_context):
         dataset = build_dataset(input_context)
