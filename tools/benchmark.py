@@ -149,7 +149,8 @@ def _check_mode_flags():
         if not FLAGS.model_dir:
             raise app.UsageError("--mode=pipeline needs --model_dir (a run directory)")
         given = [f"--{name}" for name in ("config", "checkpoint", "input", "reference",
-                                          "precision", "jit_compile", "route", "diagnostics")
+                                          "precision", "jit_compile", "route", "diagnostics",
+                                          "skip_non_finite", "threads", "unknown_shapes")
                  if FLAGS[name].present]
         if given:
             raise app.UsageError(f"{', '.join(given)}: not used with --mode=pipeline")

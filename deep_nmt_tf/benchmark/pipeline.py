@@ -51,12 +51,12 @@ def benchmark_pipeline(model_dir: str, overrides: Sequence[str] = (), batches: i
     run_dir = RunDir(model_dir)
     config = run_dir.load_config(overrides)
     tokenizer = build_tokenizer(config, run_dir.vocab_path(config))
-    wall, cpu, first, tokens = [], [], [], 0
+    wall, cpu, first, tokens = [], [], None, 0
     for _ in range(repeats):
         start = time.perf_counter()
         iterator = iter(make_train_dataset(config, tokenizer))
         next(iterator)
-        first.append(time.perf_counter() - start)
+        first = first if first is not None else time.perf_counter() - start
         for _ in range(warmup):
             next(iterator)
         tokens = 0
@@ -76,7 +76,7 @@ def benchmark_pipeline(model_dir: str, overrides: Sequence[str] = (), batches: i
         "tokens_per_s_repeats": [round(x) for x in per_s],
         "tokens_per_cpu_s": round(statistics.median(per_cpu_s)),
         "tokens_per_cpu_s_repeats": [round(x) for x in per_cpu_s],
-        "first_batch_s": round(first[0], 2), "peak_rss_mib": round(peak_kb / 1024, 1),
+        "first_batch_s": round(first, 2), "peak_rss_mib": round(peak_kb / 1024, 1),
     }
 
 

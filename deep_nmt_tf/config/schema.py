@@ -189,7 +189,7 @@ class DataConfig:
                            "map and prefetch (``tf.data.Options().autotune.enabled``), and for a "
                            "custom trainer's datasets that do not set it. Off, the parallel "
                            "maps run min(16, CPU cores) calls: on 2 cores the training pipeline "
-                           "then spent 18-33% less CPU per token (deep-nmt-benchmark "
+                           "then spent 18-28% less CPU per token (deep-nmt-benchmark "
                            "--mode=pipeline), and with the model on (TensorFlow 2.21) deleting an "
                            "iterator that sat idle waits for the model thread's next wake-up, "
                            "up to a minute (BENCHMARKS.md). The batches are the same either "
