@@ -37,7 +37,10 @@ Hooks (``HOOKS`` lists their names, as the test reports them):
   ``keras.utils.PyDataset`` into a ``tf.data`` generator whose shapes it guesses from the first
   two batches, so token batches of other widths later fail.  :func:`allow_variable_batch_shapes`
   gives the adapter a signature with every dimension unknown for datasets that set
-  ``variable_batch_shapes = True`` (:class:`deep_nmt_tf.data.batching.TokenBatches`).
+  ``variable_batch_shapes = True`` (:class:`deep_nmt_tf.data.batching.TokenBatches`), and
+  gives the adapter's ``tf.data`` the autotuning choice such a dataset's ``tf_data_autotune``
+  states (``data.autotune``: the adapter's ``prefetch(AUTOTUNE)`` otherwise starts tf.data's
+  autotuning model, whose thread makes deleting an idle iterator wait, BENCHMARKS.md).
 * ``tensorflow_text``'s ``SentencepieceTokenizer._model_resource`` and its
   ``gen_sentencepiece_tokenizer.sentencepiece_op``: tensorflow-text 2.21 creates the model
   resource owned by the eager kernel that made it, so it disappears whenever TensorFlow clears
@@ -301,7 +304,9 @@ def allow_variable_batch_shapes() -> None:
     """Lets ``fit``/``evaluate`` on the TensorFlow backend read ``keras.utils.PyDataset`` s
     whose batches change shape (those with ``variable_batch_shapes = True``): the adapter's
     ``tf.data`` signature gets every dimension unknown, from the dataset's first batch, instead
-    of the shapes of its first two batches.  Idempotent; other datasets are unaffected."""
+    of the shapes of its first two batches.  A dataset with a ``tf_data_autotune`` attribute
+    (True or False) also gets tf.data's autotuning model set so (``data.autotune``).
+    Idempotent; other datasets are unaffected."""
     adapter = _py_dataset_adapter()
     original = adapter.get_tf_dataset
     if getattr(original, "_deep_nmt_tf", False):
@@ -311,7 +316,15 @@ def allow_variable_batch_shapes() -> None:
         if (getattr(self.py_dataset, "variable_batch_shapes", False)
                 and getattr(self, _OUTPUT_SIGNATURE, None) is None):
             setattr(self, _OUTPUT_SIGNATURE, _unknown_shapes_signature(self.py_dataset[0]))
-        return original(self)
+        dataset = original(self)
+        autotune = getattr(self.py_dataset, "tf_data_autotune", None)
+        if autotune is not None:
+            import tensorflow as tf
+
+            options = tf.data.Options()
+            options.autotune.enabled = bool(autotune)
+            dataset = dataset.with_options(options)
+        return dataset
 
     get_tf_dataset._deep_nmt_tf = True
     adapter.get_tf_dataset = get_tf_dataset

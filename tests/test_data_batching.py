@@ -209,3 +209,38 @@ def test_the_fit_loss_of_a_batch_padded_to_its_shape_class_is_the_same():
         got = model.evaluate(gx, gy, batch_size=len(gy), verbose=0, return_dict=True)["loss"]
         np.testing.assert_allclose(got, want, rtol=1e-5)
     assert padded  # (rows and columns of padding were added)
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+def test_fit_on_tensorflow_gets_the_configs_tf_data_autotuning(autotune):
+    """``data.autotune`` reaches the ``tf.data`` Keras makes of the batches for ``fit`` on
+    TensorFlow: left on (the adapter's ``prefetch(AUTOTUNE)``), deleting an iterator that sat
+    idle can wait for the autotuning thread (BENCHMARKS.md); a PyDataset of someone else's
+    keeps Keras's choice."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("TensorFlow's tf.data")
+    from deep_nmt_tf import compat
+    from deep_nmt_tf.config import config_from_dict
+    from test_decoding_helpers import TINY
+
+    config = config_from_dict(dict(TINY, data=dict(TINY.get("data", {}), autotune=autotune)),
+                              source="<t>")
+    data = _corpus(60)
+    adapter = compat._py_dataset_adapter()
+    for batches in (TokenBatches.from_config(config, data, num_batches=3),
+                    EvalBatches.from_config(config, data)):
+        assert batches.tf_data_autotune is autotune
+        dataset = adapter(batches, shuffle=False).get_tf_dataset()
+        assert dataset.options().autotune.enabled is autotune
+        assert next(iter(dataset))[0]["source_ids"].shape[0] >= 1
+
+    class Theirs(keras.utils.PyDataset):
+        def __len__(self):
+            return 1
+
+        def __getitem__(self, i):
+            return np.ones([2, 3], np.float32), np.zeros([2, 3], np.float32)
+
+    assert adapter(Theirs(), shuffle=False).get_tf_dataset().options().autotune.enabled is None

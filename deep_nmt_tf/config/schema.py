@@ -186,10 +186,11 @@ class DataConfig:
                                    min=1)
     shuffle_buffer: int = field(100000, "Examples in the shuffle buffer.", min=1)
     autotune: bool = field(False, "tf.data's autotuning model for the pipelines' parallel "
-                           "map and prefetch (``tf.data.Options().autotune.enabled``), and for a "
-                           "custom trainer's datasets that do not set it. Off, the parallel "
-                           "maps run min(16, CPU cores) calls: on 2 cores the training pipeline "
-                           "then spent 18-28% less CPU per token (deep-nmt-benchmark "
+                           "map and prefetch (``tf.data.Options().autotune.enabled``), for a "
+                           "custom trainer's datasets that do not set it, and for the tf.data "
+                           "Keras makes of the fit route's batches on TensorFlow. Off, the "
+                           "parallel maps run min(16, CPU cores) calls: on 2 cores the training "
+                           "pipeline then spent 18-28% less CPU per token (deep-nmt-benchmark "
                            "--mode=pipeline), and with the model on (TensorFlow 2.21) deleting an "
                            "iterator that sat idle waits for the model thread's next wake-up, "
                            "up to a minute (BENCHMARKS.md). The batches are the same either "

@@ -138,8 +138,11 @@ class _VariableShapes(keras.utils.PyDataset):
 
     variable_batch_shapes = True
 
-    def __init__(self, **kwargs):
+    def __init__(self, autotune: bool = False, **kwargs):
         super().__init__(**kwargs)
+        #: tf.data's autotuning model for the adapter's pipeline on TensorFlow
+        #: (``data.autotune``; off by default, as the package's pipelines).
+        self.tf_data_autotune = bool(autotune)
         if keras.backend.backend() == "tensorflow":
             compat.allow_variable_batch_shapes()
 
@@ -211,6 +214,8 @@ class TokenBatches(_VariableShapes):
       batch_size_multiple: every batch size a multiple of this (the number of devices under
         ``keras.distribution.DataParallel``).
       weights: the sampling weight of each corpus the file lists (default: the file's).
+      autotune: tf.data's autotuning model for ``fit`` on TensorFlow (``data.autotune``;
+        ``from_config`` takes the config's).
       **kwargs: ``keras.utils.PyDataset`` arguments (``workers``, ``use_multiprocessing``,
         ``max_queue_size``).
 
@@ -275,7 +280,7 @@ class TokenBatches(_VariableShapes):
                     **kwargs) -> "TokenBatches":
         """The batches a config's training data and ``training`` section ask for (``data.
         max_*_length``, ``data.num_buckets``, ``training.batch_tokens``, ``training.seed``;
-        ``training.jit_compile`` selects static shapes on TensorFlow)."""
+        ``training.jit_compile`` selects static shapes on TensorFlow; ``data.autotune``)."""
         d, t = config.data, config.training
         if static_shapes is None:
             static_shapes = _default_static_shapes(t.jit_compile)
@@ -287,7 +292,7 @@ class TokenBatches(_VariableShapes):
         return cls(data, t.batch_tokens, d.max_source_length, d.max_target_length,
                    d.num_buckets, t.seed, num_batches, start=start, static_shapes=static_shapes,
                    batch_size_multiple=batch_size_multiple, weights=weights,
-                   shape_classes=t.shape_classes, **kwargs)
+                   shape_classes=t.shape_classes, **{"autotune": d.autotune, **kwargs})
 
     def _order(self) -> Iterator[int]:
         """The pairs in the order they enter the buckets (module docstring)."""
@@ -365,6 +370,7 @@ class EvalBatches(_VariableShapes):
       max_pairs: the first so many pairs (0: all; ``data.max_dev_sentences``).
       static_shapes: default on JAX and PyTorch.
       pad_to: width multiple under ``static_shapes``.
+      autotune: as :class:`TokenBatches`'.
     """
 
     def __init__(self, data: TokenIds, batch_size: int, max_source_length: int,
@@ -382,10 +388,11 @@ class EvalBatches(_VariableShapes):
 
     @classmethod
     def from_config(cls, config, data: TokenIds, **kwargs) -> "EvalBatches":
-        """Batches of ``decoding.batch_size`` pairs, at most ``data.max_dev_sentences``."""
+        """Batches of ``decoding.batch_size`` pairs, at most ``data.max_dev_sentences``
+        (``data.autotune`` as the training batches')."""
         d = config.data
         return cls(data, config.decoding.batch_size, d.max_source_length, d.max_target_length,
-                   max_pairs=d.max_dev_sentences, **kwargs)
+                   max_pairs=d.max_dev_sentences, **{"autotune": d.autotune, **kwargs})
 
     def __len__(self) -> int:
         return len(self.starts)
