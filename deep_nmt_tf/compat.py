@@ -305,7 +305,8 @@ def allow_variable_batch_shapes() -> None:
     whose batches change shape (those with ``variable_batch_shapes = True``): the adapter's
     ``tf.data`` signature gets every dimension unknown, from the dataset's first batch, instead
     of the shapes of its first two batches.  A dataset with a ``tf_data_autotune`` attribute
-    (True or False) also gets tf.data's autotuning model set so (``data.autotune``).
+    (True or False) also gets tf.data's autotuning model set so (``data.autotune``), unless
+    Keras set it itself (off, for a dataset with ``workers``: its enqueuer does the threading).
     Idempotent; other datasets are unaffected."""
     adapter = _py_dataset_adapter()
     original = adapter.get_tf_dataset
@@ -318,13 +319,11 @@ def allow_variable_batch_shapes() -> None:
             setattr(self, _OUTPUT_SIGNATURE, _unknown_shapes_signature(self.py_dataset[0]))
         dataset = original(self)
         autotune = getattr(self.py_dataset, "tf_data_autotune", None)
-        if autotune is not None:
-            import tensorflow as tf
+        if autotune is None:
+            return dataset
+        from deep_nmt_tf.data.options import default_autotune
 
-            options = tf.data.Options()
-            options.autotune.enabled = bool(autotune)
-            dataset = dataset.with_options(options)
-        return dataset
+        return default_autotune(dataset, autotune)
 
     get_tf_dataset._deep_nmt_tf = True
     adapter.get_tf_dataset = get_tf_dataset
